@@ -1,0 +1,34 @@
+# One-command entry points (see README.md). Everything lives in .venv at the repo root.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test test-fast clean-demo lock
+
+$(STAMP): pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"levanter-mars needs Python 3.11, found {sys.version.split()[0]} at {sys.executable}"'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip==26.3"
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+## Create .venv with every pinned dependency.
+setup: $(STAMP)
+
+## Set up, then train the embedded default: a nano GPT-2 with MARS on Python's own docs (no network).
+demo: setup
+	$(PY) -m levanter_mars.main.demo $(ARGS)
+
+## Set up, then run the whole test suite (this is what .ci/run calls).
+test: setup
+	$(PY) -m pytest $(ARGS)
+
+## Set up, then run the tests that are not marked slow.
+test-fast: setup
+	$(PY) -m pytest -m "not slow" $(ARGS)
+
+## Regenerate constraints.txt from the current .venv (after changing pins in pyproject.toml).
+lock: setup
+	$(PY) -m pip freeze --exclude-editable | grep -v '^levanter-mars' > constraints.txt

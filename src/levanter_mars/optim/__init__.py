@@ -1,0 +1,34 @@
+"""MARS as named-axis optax transformations, plus its Levanter optimizer configs."""
+
+from levanter_mars.optim.mars import (
+    ScaleByMarsState,
+    mars,
+    mars_param_labels,
+    scale_by_mars,
+    validate_mars_hyperparameters,
+)
+from levanter_mars.optim.newton_schulz import newton_schulz5
+from levanter_mars.optim.objective import DifferentiableObjective, objective_gradient
+from levanter_mars.optim.tensor_roles import (
+    TensorKind,
+    TensorRole,
+    describe_roles,
+    register_tensor_role_rule,
+    tensor_roles,
+)
+
+__all__ = [
+    "DifferentiableObjective",
+    "ScaleByMarsState",
+    "TensorKind",
+    "TensorRole",
+    "describe_roles",
+    "mars",
+    "mars_param_labels",
+    "newton_schulz5",
+    "objective_gradient",
+    "register_tensor_role_rule",
+    "scale_by_mars",
+    "tensor_roles",
+    "validate_mars_hyperparameters",
+]

@@ -1,0 +1,154 @@
+"""MARS in Levanter's optimizer registry: ``optimizer: {type: mars-adamw | mars-lion | mars-shampoo, ...}``.
+
+Levanter ships its own ``mars`` (global clip, approx only, no 1-D AdamW), so these use new names and never collide
+with it. Both learning rates follow Levanter's schedule machinery (warmup, cosine/linear/WSD decay, ``min_lr_ratio``),
+and ``learning_rate``, ``learning_rate_1d`` and ``gamma`` are injected hyperparameters, logged as ``optim/<name>``
+like Levanter's other optimizers.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
+import jax.numpy as jnp
+import optax
+from levanter.optim import OptimizerConfig
+
+from levanter_mars.optim.mars import mars, validate_mars_hyperparameters
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclass(frozen=True)
+class MarsOptimizerConfig(OptimizerConfig, abc.ABC):
+    """Fields shared by the three MARS instantiations. Defaults are the paper's GPT-2 small recipe."""
+
+    variant: ClassVar[str]
+
+    learning_rate: float = 6e-3
+    learning_rate_1d: Optional[float] = None
+    """Peak learning rate of the AdamW branch (vector tensors); None means learning_rate / 2, the paper's recipe."""
+    weight_decay: float = 1e-2
+    """Decay of Linear weights. Embeddings never decay (Levanter's default mask), as in the reference."""
+    weight_decay_1d: float = 0.1
+    """Decay of the AdamW-branch tensors, applied to all of them, as in the reference."""
+    beta1: float = 0.95
+    beta2: float = 0.99
+    beta1_1d: float = 0.9
+    beta2_1d: float = 0.95
+    epsilon: float = 1e-8
+    gamma: float = 0.025
+    """Strength of the variance-reduction correction."""
+    exact: bool = False
+    """Exact correction: an extra forward/backward at the previous parameters on the current batch."""
+    optimize_1d: bool = False
+    """Run vector tensors through MARS instead of the separate AdamW."""
+    max_grad_norm: Optional[float] = 1.0
+    """Global-norm clip of raw gradients (and, in exact mode, of the previous-parameter gradient)."""
+    mu_dtype: Optional[str] = None
+    """float32 | bfloat16 | float16 for the first moment; None keeps the parameter dtype."""
+    prev_dtype: Optional[str] = None
+    """float32 | bfloat16 | float16 for the stored previous gradient (approx) or parameters (exact)."""
+
+    def __post_init__(self):
+        for name in ("mu_dtype", "prev_dtype"):
+            value = getattr(self, name)
+            if value is not None and value not in _DTYPES:
+                raise ValueError(f"optimizer.{name} must be one of {sorted(_DTYPES)} or null, got {value!r}")
+        validate_mars_hyperparameters(
+            variant=self.variant,
+            b1=self.beta1,
+            b2=self.beta2,
+            eps=self.epsilon,
+            gamma=self.gamma,
+            b1_1d=self.beta1_1d,
+            b2_1d=self.beta2_1d,
+            learning_rate=self.learning_rate,
+            learning_rate_1d=self.learning_rate_1d,
+            weight_decay=self.weight_decay,
+            weight_decay_1d=self.weight_decay_1d,
+            max_grad_norm=self.max_grad_norm,
+            field_names={
+                "variant": "optimizer.type",
+                "b1": "optimizer.beta1",
+                "b2": "optimizer.beta2",
+                "eps": "optimizer.epsilon",
+                "gamma": "optimizer.gamma",
+                "b1_1d": "optimizer.beta1_1d",
+                "b2_1d": "optimizer.beta2_1d",
+                "learning_rate": "optimizer.learning_rate",
+                "learning_rate_1d": "optimizer.learning_rate_1d",
+                "weight_decay": "optimizer.weight_decay",
+                "weight_decay_1d": "optimizer.weight_decay_1d",
+                "max_grad_norm": "optimizer.max_grad_norm",
+            },
+        )
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"optimizer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
+
+    @property
+    def peak_learning_rate_1d(self) -> float:
+        return self.learning_rate / 2 if self.learning_rate_1d is None else self.learning_rate_1d
+
+    def build(self, num_train_steps: int) -> optax.GradientTransformationExtraArgs:
+        weight_decay_mask = self.build_weight_decay_mask()
+
+        def _optimizer(learning_rate, learning_rate_1d, gamma):
+            return mars(
+                learning_rate,
+                variant=self.variant,
+                b1=self.beta1,
+                b2=self.beta2,
+                eps=self.epsilon,
+                gamma=gamma,
+                weight_decay=self.weight_decay,
+                weight_decay_mask=weight_decay_mask,
+                exact=self.exact,
+                optimize_1d=self.optimize_1d,
+                learning_rate_1d=learning_rate_1d,
+                b1_1d=self.beta1_1d,
+                b2_1d=self.beta2_1d,
+                weight_decay_1d=self.weight_decay_1d,
+                mu_dtype=None if self.mu_dtype is None else _DTYPES[self.mu_dtype],
+                prev_dtype=None if self.prev_dtype is None else _DTYPES[self.prev_dtype],
+                max_grad_norm=self.max_grad_norm,
+            )
+
+        return optax.inject_hyperparams(_optimizer)(
+            learning_rate=self.lr_scheduler(num_train_steps),
+            learning_rate_1d=self.lr_scheduler(num_train_steps, override_lr=self.peak_learning_rate_1d),
+            gamma=self.gamma,
+        )
+
+
+@OptimizerConfig.register_subclass("mars-adamw")
+@dataclass(frozen=True)
+class MarsAdamWConfig(MarsOptimizerConfig):
+    """MARS-AdamW: the paper's main instantiation."""
+
+    variant: ClassVar[str] = "adamw"
+
+
+@OptimizerConfig.register_subclass("mars-lion")
+@dataclass(frozen=True)
+class MarsLionConfig(MarsOptimizerConfig):
+    """MARS-Lion: sign of the MARS momentum. Tune its learning rate separately (about 10x below MARS-AdamW)."""
+
+    variant: ClassVar[str] = "lion"
+    learning_rate: float = 6e-4
+
+
+@OptimizerConfig.register_subclass("mars-shampoo")
+@dataclass(frozen=True)
+class MarsShampooConfig(MarsOptimizerConfig):
+    """MARS-Shampoo: Newton-Schulz-orthogonalized MARS momentum for matrices."""
+
+    variant: ClassVar[str] = "shampoo"
+
+
+MARS_OPTIMIZER_TYPES = {"mars-adamw": MarsAdamWConfig, "mars-lion": MarsLionConfig, "mars-shampoo": MarsShampooConfig}
+
+__all__ = ["MARS_OPTIMIZER_TYPES", "MarsAdamWConfig", "MarsLionConfig", "MarsOptimizerConfig", "MarsShampooConfig"]
+

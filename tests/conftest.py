@@ -1,0 +1,55 @@
+"""Test-wide settings: CPU only, offline, and any non-loopback connection attempt is a test failure."""
+
+import os
+import socket
+
+# Set before jax/transformers/datasets are imported by any test module.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+for _offline_flag in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    os.environ[_offline_flag] = "1"
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+import ipaddress  # noqa: E402
+
+import pytest  # noqa: E402
+
+_real_connect = socket.socket.connect
+_real_connect_ex = socket.socket.connect_ex
+
+
+def _is_local(address) -> bool:
+    if not isinstance(address, tuple):  # unix sockets
+        return True
+    host = address[0]
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a hostname that would need DNS: treat as remote
+
+
+class NetworkAccessError(RuntimeError):
+    pass
+
+
+def _guarded_connect(self, address):
+    if not _is_local(address):
+        raise NetworkAccessError(f"test tried to reach the network: {address!r}")
+    return _real_connect(self, address)
+
+
+def _guarded_connect_ex(self, address):
+    if not _is_local(address):
+        raise NetworkAccessError(f"test tried to reach the network: {address!r}")
+    return _real_connect_ex(self, address)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_network():
+    socket.socket.connect = _guarded_connect
+    socket.socket.connect_ex = _guarded_connect_ex
+    yield
+    socket.socket.connect = _real_connect
+    socket.socket.connect_ex = _real_connect_ex

@@ -1,0 +1,106 @@
+"""Runs MARS on 1 device and on an 8-device FSDP x TP mesh and prints a JSON comparison.
+
+Run in a fresh process: XLA_FLAGS=--xla_force_host_platform_device_count=8 must be set before jax is imported,
+which tests/test_sharding.py does.
+"""
+
+import json
+import sys
+
+import equinox as eqx
+import haliax as hax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from haliax.partitioning import ResourceAxis
+from jax.sharding import Mesh
+from levanter.models.gpt2 import Gpt2Config
+
+from levanter_mars.optim import ScaleByMarsState, mars
+
+MAPPING = {"embed": ResourceAxis.DATA, "mlp": ResourceAxis.MODEL, "heads": ResourceAxis.MODEL}
+STEPS = int(__import__("os").environ.get("MARS_STEPS", 3))
+
+
+def build_params():
+    config = Gpt2Config(seq_len=16, hidden_dim=32, num_layers=2, num_heads=4)
+    model = config.build(hax.Axis("vocab", 64), key=jax.random.PRNGKey(0))
+    return eqx.filter(model, eqx.is_inexact_array)
+
+
+def batch(params, step):
+    leaves, structure = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.PRNGKey(1000 + step), 2 * len(leaves))
+    a = [jnp.abs(jax.random.normal(k, x.shape)) + 0.5 for k, x in zip(keys[::2], leaves)]
+    t = [jax.random.normal(k, x.shape) for k, x in zip(keys[1::2], leaves)]
+    return jax.tree.unflatten(structure, a), jax.tree.unflatten(structure, t)
+
+
+def make_step(tx):
+    def step(params, state, a, t):
+        def loss(p):
+            terms = jax.tree.map(lambda x, aa, tt: jnp.sum(0.5 * aa * (x - tt) ** 2), p, a, t)
+            return sum(jax.tree.leaves(terms))
+
+        updates, state = tx.update(jax.grad(loss)(params), state, params, obj_fn=loss)
+        return optax.apply_updates(params, updates), state
+
+    return step
+
+
+def run(tx, params, sharded: bool):
+    if not sharded:
+        step = jax.jit(make_step(tx))
+        state = tx.init(params)
+        for i in range(STEPS):
+            params, state = step(params, state, *batch(params, i))
+        return params, state
+    step = hax.named_jit(make_step(tx), axis_resources=MAPPING)
+    params = hax.shard(params, MAPPING)
+    state = hax.named_jit(tx.init, axis_resources=MAPPING)(params)
+    for i in range(STEPS):
+        a, t = batch(params, i)
+        params, state = step(params, state, hax.shard(a, MAPPING), hax.shard(t, MAPPING))
+    return params, state
+
+
+def sharding_specs(tree):
+    return [x.array.sharding.spec for x in jax.tree.leaves(tree, is_leaf=hax.is_named_array) if hax.is_named_array(x)]
+
+
+def main():
+    assert len(jax.devices()) == 8, jax.devices()
+    params = build_params()
+    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), (ResourceAxis.DATA, ResourceAxis.MODEL))
+    results = {}
+    cases = {
+        "adamw": dict(variant="adamw", weight_decay=0.01),
+        "adamw_exact": dict(variant="adamw", exact=True, weight_decay=0.01),
+        "lion": dict(variant="lion", weight_decay=0.01),
+        "shampoo": dict(variant="shampoo", weight_decay=0.01),
+    }
+    for name, kwargs in cases.items():
+        tx = mars(1e-2, max_grad_norm=1.0, **kwargs)
+        single, _ = run(tx, params, sharded=False)
+        with hax.partitioning.set_mesh(mesh), hax.axis_mapping(MAPPING):
+            multi, state = run(tx, params, sharded=True)
+        diffs = [
+            float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / max(float(np.max(np.abs(np.asarray(a)))), 1e-12))
+            for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(multi))
+        ]
+        (mars_state,) = [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, ScaleByMarsState))
+                         if isinstance(s, ScaleByMarsState)]
+        param_specs = sharding_specs(multi)
+        results[name] = {
+            "max_rel_diff": max(diffs),
+            "params_are_sharded": any(any(p is not None for p in spec) for spec in param_specs),
+            "mu_sharded_like_params": sharding_specs(mars_state.mu) == param_specs,
+            "prev_sharded_like_params": kwargs.get("exact", False) is False
+            or sharding_specs(mars_state.prev) == param_specs,
+        }
+    json.dump(results, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

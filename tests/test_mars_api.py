@@ -1,0 +1,171 @@
+"""The public optax API of levanter_mars.optim.mars: errors, state layout, dtypes, schedules."""
+
+import equinox as eqx
+import haliax as hax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from levanter_mars.optim import ScaleByMarsState, mars, scale_by_mars
+
+
+def _params():
+    key1, key2 = jax.random.split(jax.random.PRNGKey(0))
+    return {
+        "w": jax.random.normal(key1, (16, 8)),
+        "v": jax.random.normal(key2, (8,)),
+    }
+
+
+def _mars_state(state) -> ScaleByMarsState:
+    (found,) = [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, ScaleByMarsState))
+                if isinstance(s, ScaleByMarsState)]
+    return found
+
+
+def _nbytes(tree) -> int:
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def test_exact_without_obj_fn_raises_clear_error():
+    params = _params()
+    tx = mars(1e-3, exact=True)
+    state = tx.init(params)
+    with pytest.raises(ValueError, match="obj_fn"):
+        tx.update(params, state, params)
+
+
+def test_exact_without_params_raises():
+    params = _params()
+    tx = mars(1e-3, exact=True)
+    with pytest.raises(ValueError, match="params"):
+        tx.update(params, tx.init(params), None, obj_fn=lambda p: 0.0)
+
+
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        (dict(variant="adam"), "variant"),
+        (dict(b1=1.0), "b1"),
+        (dict(b2=-0.1), "b2"),
+        (dict(b1_1d=1.2), "b1_1d"),
+        (dict(b2_1d=1.0), "b2_1d"),
+        (dict(gamma=1.5), "gamma"),
+        (dict(gamma=-0.01), "gamma"),
+        (dict(eps=-1.0), "eps"),
+        (dict(weight_decay=-0.1), "weight_decay"),
+        (dict(weight_decay_1d=-0.1), "weight_decay_1d"),
+        (dict(learning_rate_1d=-1e-3), "learning_rate_1d"),
+        (dict(max_grad_norm=0.0), "max_grad_norm"),
+    ],
+)
+def test_bad_hyperparameters_raise_naming_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=rf"^{field} "):
+        mars(1e-3, **kwargs)
+
+
+def test_negative_learning_rate_raises():
+    with pytest.raises(ValueError, match="^learning_rate "):
+        mars(-1e-3)
+
+
+def test_state_layout_per_variant():
+    params = _params()
+    adamw = _mars_state(mars(1e-3).init(params))
+    assert adamw.nu["w"] is not None and adamw.prev["w"] is not None
+    assert adamw.prev["v"] is None  # the AdamW branch needs no previous gradient
+    for variant in ("lion", "shampoo"):
+        state = _mars_state(mars(1e-3, variant=variant).init(params))
+        assert state.nu["w"] is None, variant  # no second moment for Lion/Shampoo matrices
+        assert state.nu["v"] is not None, variant  # the AdamW branch keeps one
+
+
+def test_exact_stores_previous_parameters_not_gradients():
+    params = _params()
+    approx = _mars_state(mars(1e-3).init(params))
+    exact = _mars_state(mars(1e-3, exact=True).init(params))
+    np.testing.assert_array_equal(exact.prev["w"], params["w"])
+    # Same buffers as approx per MARS tensor; the only extra is the (1-D) parameters that obj_fn also needs.
+    assert _nbytes(exact) == _nbytes(approx) + params["v"].nbytes
+
+
+def test_bf16_buffers_halve_mu_and_prev():
+    params = _params()
+    state = _mars_state(mars(1e-3, mu_dtype=jnp.bfloat16, prev_dtype=jnp.bfloat16).init(params))
+    assert state.mu["w"].dtype == jnp.bfloat16 and state.prev["w"].dtype == jnp.bfloat16
+    assert state.nu["w"].dtype == jnp.float32
+    tx = mars(1e-3, mu_dtype=jnp.bfloat16, prev_dtype=jnp.bfloat16)
+    s = tx.init(params)
+    updates, s = tx.update(params, s, params)
+    assert _mars_state(s).mu["w"].dtype == jnp.bfloat16
+    assert all(u.dtype == jnp.float32 for u in jax.tree.leaves(updates))
+
+
+def test_bf16_state_is_at_most_adamw_fp32_bytes_per_param_on_gpt2():
+    from levanter.models.gpt2 import Gpt2Config
+
+    model = Gpt2Config(seq_len=32, hidden_dim=32, num_layers=2, num_heads=2).build(
+        hax.Axis("vocab", 64), key=jax.random.PRNGKey(0)
+    )
+    params = eqx.filter(model, eqx.is_inexact_array)
+    n_params = sum(x.size for x in jax.tree.leaves(params))
+    bf16 = _mars_state(mars(1e-3, mu_dtype=jnp.bfloat16, prev_dtype=jnp.bfloat16).init(params))
+    fp32 = _mars_state(mars(1e-3).init(params))
+    adamw = optax.adamw(1e-3).init(params)
+    assert _nbytes(bf16) / n_params <= _nbytes(adamw) / n_params <= 8.0 + 1e-3
+    assert _nbytes(fp32) / n_params > 8.0
+
+
+def test_default_learning_rate_1d_is_half_including_schedules():
+    params = {"v": jnp.ones(4)}
+    grads = {"v": jnp.ones(4)}
+    schedule = optax.linear_schedule(1.0, 0.0, 10)
+    for lr, expected in ((0.2, 0.1), (schedule, 0.5)):
+        tx = mars(lr, weight_decay_1d=0.0)
+        updates, _ = tx.update(grads, tx.init(params), params)
+        # AdamW's first step moves each coordinate by exactly the learning rate.
+        np.testing.assert_allclose(updates["v"], -expected, rtol=1e-5)
+
+
+def test_gamma_schedule_is_evaluated_per_step():
+    params = {"w": jnp.zeros((4, 4))}
+    seen = []
+
+    def gamma(count):
+        seen.append(count)
+        return 0.025
+
+    tx = mars(1e-3, gamma=gamma)
+    state = tx.init(params)
+    tx.update({"w": jnp.ones((4, 4))}, state, params)
+    assert seen
+
+
+def test_works_with_inject_hyperparams():
+    params = _params()
+    tx = optax.inject_hyperparams(mars)(learning_rate=1e-3, gamma=0.05)
+    state = tx.init(params)
+    updates, state = jax.jit(tx.update)(params, state, params)
+    assert float(state.hyperparams["gamma"]) == pytest.approx(0.05)
+    assert all(bool(jnp.all(jnp.isfinite(u))) for u in jax.tree.leaves(updates))
+
+
+def test_step_one_uses_zero_previous_gradient_in_exact_mode():
+    """At step 1 exact and approx must agree (both start from g_prev = 0)."""
+    params = _params()
+    loss = lambda p: sum(jnp.sum(x**2) for x in jax.tree.leaves(p))  # noqa: E731
+    grads = jax.grad(loss)(params)
+    approx, exact = mars(1e-2), mars(1e-2, exact=True)
+    u_approx, _ = approx.update(grads, approx.init(params), params)
+    u_exact, _ = exact.update(grads, exact.init(params), params, obj_fn=loss)
+    for a, b in zip(jax.tree.leaves(u_approx), jax.tree.leaves(u_exact)):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_scale_by_mars_alone_has_no_learning_rate():
+    params = {"w": jnp.ones((2, 2))}
+    tx = scale_by_mars("lion")
+    updates, _ = tx.update({"w": jnp.ones((2, 2))}, tx.init(params), params)
+    np.testing.assert_array_equal(updates["w"], jnp.ones((2, 2)))  # sign of a positive momentum

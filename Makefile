@@ -19,7 +19,7 @@ setup: $(STAMP)
 
 ## Set up, then train the embedded default: a nano GPT-2 with MARS on Python's own docs (no network).
 demo: setup
-	$(PY) -m levanter_mars.main.demo $(ARGS)
+	$(PY) -m levanter_mars.main.train_lm --config_path config/gpt2_nano_mars.yaml $(ARGS)
 
 ## Set up, then run the whole test suite (this is what .ci/run calls).
 test: setup

@@ -64,9 +64,12 @@ class ScaleByMarsState(NamedTuple):
     Attributes:
         count: number of updates taken so far (int32 scalar).
         mu: first moment of every tensor (``mu_dtype``).
-        nu: second moment where one is used (AdamW-form tensors); ``None`` at Lion and Shampoo matrices.
-        prev: approx mode: the previous gradient of every MARS tensor (``None`` at AdamW-branch tensors);
+        nu: second moment where one is used (AdamW-form tensors); ``optax.MaskedNode()`` at Lion and Shampoo
+            matrices.
+        prev: approx mode: the previous gradient of every MARS tensor (``MaskedNode`` at AdamW-branch tensors);
             exact mode: the previous parameters of every tensor (``prev_dtype``).
+
+    Absent buffers are ``MaskedNode`` (a pytree without leaves), so they cost nothing and checkpoint cleanly.
     """
 
     count: chex.Array
@@ -79,6 +82,13 @@ class _LeafUpdate(NamedTuple):
     direction: Any
     mu: Any
     nu: Any
+
+
+_ABSENT = optax.MaskedNode()
+
+
+def _absent(x: Any) -> bool:
+    return x is None or isinstance(x, optax.MaskedNode)
 
 
 def _is_leaf_update(x: Any) -> bool:
@@ -233,7 +243,7 @@ def scale_by_mars(
         roles = tensor_roles(params)
         mu = map_roles(lambda role, p: otu.tree_zeros_like(p, dtype=mu_dtype), roles, params)
         nu = map_roles(
-            lambda role, p: otu.tree_zeros_like(p) if _uses_second_moment(role, variant, optimize_1d) else None,
+            lambda role, p: otu.tree_zeros_like(p) if _uses_second_moment(role, variant, optimize_1d) else _ABSENT,
             roles,
             params,
         )
@@ -241,7 +251,7 @@ def scale_by_mars(
             prev = otu.tree_cast(jax.tree.map(jnp.copy, params), prev_dtype)
         else:
             prev = map_roles(
-                lambda role, p: otu.tree_zeros_like(p, dtype=prev_dtype) if _uses_mars(role, optimize_1d) else None,
+                lambda role, p: otu.tree_zeros_like(p, dtype=prev_dtype) if _uses_mars(role, optimize_1d) else _ABSENT,
                 roles,
                 params,
             )
@@ -252,26 +262,26 @@ def scale_by_mars(
         axis_names = tuple(a.name for a in g.axes) if hax.is_named_array(g) else None
 
         def raw(x: Any) -> Any:
-            if x is None:
+            if _absent(x):
                 return None
             return x.rearrange(g.axes).array if hax.is_named_array(x) else x
 
         def named(x: Any, like: Any) -> Any:
             if x is None:
-                return None
+                return _ABSENT
             x = x.astype(raw(like).dtype)
             return hax.named(x, g.axes) if axis_names is not None else x
 
         g32 = raw(g).astype(jnp.float32)
         m = raw(mu).astype(jnp.float32)
-        v = None if nu is None else raw(nu).astype(jnp.float32)
+        v = None if _absent(nu) else raw(nu).astype(jnp.float32)
 
         if not _uses_mars(role, optimize_1d):
             m = b1_1d * m + (1.0 - b1_1d) * g32
             v = b2_1d * v + (1.0 - b2_1d) * jnp.square(g32)
             direction = _adam_direction(m, v, t, b1_1d, b2_1d, eps)
         else:
-            prev32 = None if g_prev is None else raw(g_prev).astype(jnp.float32)
+            prev32 = None if _absent(g_prev) else raw(g_prev).astype(jnp.float32)
             c = _corrected_gradient(g32, prev32, gamma_t, b1)
             m = b1 * m + (1.0 - b1) * c
             if variant == "lion":
@@ -309,7 +319,7 @@ def scale_by_mars(
             first_step = state.count == 0
             previous_grads = jax.tree.map(lambda x: jnp.where(first_step, jnp.zeros_like(x), x), previous_grads)
             previous_grads = map_roles(
-                lambda role, g: g if _uses_mars(role, optimize_1d) else None, roles, previous_grads
+                lambda role, g: g if _uses_mars(role, optimize_1d) else _ABSENT, roles, previous_grads
             )
         else:
             previous_grads = state.prev
@@ -326,7 +336,7 @@ def scale_by_mars(
             prev = otu.tree_cast(params, prev_dtype)
         else:
             prev = map_roles(
-                lambda role, g: otu.tree_cast(g, prev_dtype) if _uses_mars(role, optimize_1d) else None,
+                lambda role, g: otu.tree_cast(g, prev_dtype) if _uses_mars(role, optimize_1d) else _ABSENT,
                 roles,
                 updates,
             )

@@ -1,0 +1,217 @@
+"""Checkpoint integrity: a manifest written last, verification on resume, and quarantine of bad checkpoints.
+
+How a checkpoint is known to be complete
+----------------------------------------
+Levanter writes every array with tensorstore, waits for all hosts, then writes ``metadata.json``. We then write
+``levanter_mars_manifest.json``: every file of the checkpoint with its size and CRC32C. So:
+
+* a directory without ``metadata.json`` was interrupted while its arrays were written (``kill -9``, preemption,
+  disk full) and is *incomplete*;
+* a directory whose manifest does not match its files (a missing, truncated or altered file) is *corrupt*. This
+  matters because zarr reads a missing chunk file as zeros, silently, so tensorstore alone cannot tell;
+* a directory with ``metadata.json`` but no manifest was interrupted between the two writes (its arrays are all
+  there) or was written by plain Levanter: it is *unverified*, and is used only if it loads.
+
+On local disk, files are written before ``metadata.json`` and the manifest is written to a temporary name and
+renamed. On GCS every object write is atomic and the manifest is the last object written, after tensorstore has
+committed every array, so the same reasoning holds; CRC32C values come from the object metadata, without reading.
+
+Bad checkpoints are moved to ``<checkpoint dir>.quarantine/`` (never deleted), so that neither Levanter's
+discovery nor a later save at the same step can mix with them.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import posixpath
+from typing import Any, Optional
+
+import fsspec
+import google_crc32c
+from fsspec.implementations.local import LocalFileSystem
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_NAME = "levanter_mars_manifest.json"
+METADATA_NAME = "metadata.json"
+_CHUNK = 8 << 20
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be used; the message names it and says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointStatus:
+    path: str
+    step: Optional[int]
+    state: str  # "verified" | "unverified" | "incomplete" | "corrupt"
+    reason: str = ""
+    run_info: Optional[dict] = None
+
+    @property
+    def usable(self) -> bool:
+        return self.state in ("verified", "unverified")
+
+
+def _fs_and_path(path: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    fs, _, (plain,) = fsspec.get_fs_token_paths(str(path))
+    return fs, plain
+
+
+def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    return isinstance(fs, LocalFileSystem)
+
+
+def _with_protocol(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    return path if _is_local(fs) else fs.unstrip_protocol(path)
+
+
+def _crc32c_of_file(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    info = fs.info(path)
+    remote = info.get("crc32c")
+    if isinstance(remote, str) and remote:
+        return base64.b64decode(remote).hex()  # GCS stores big-endian CRC32C, base64-encoded
+    checksum = google_crc32c.Checksum()
+    with fs.open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            checksum.update(chunk)
+    return checksum.digest().hex()
+
+
+def _list_files(fs: fsspec.AbstractFileSystem, root: str) -> dict[str, int]:
+    files = {}
+    for path, info in fs.find(root, detail=True).items():
+        if info.get("type", "file") != "file":
+            continue
+        rel = posixpath.relpath(path, root)
+        if rel == MANIFEST_NAME or rel.endswith(".tmp"):
+            continue
+        files[rel] = int(info["size"])
+    return files
+
+
+def write_manifest(checkpoint_path: str, *, step: int, run_info: Optional[dict] = None) -> dict:
+    """Records every file of a committed checkpoint. Call after ``metadata.json`` is written."""
+    fs, root = _fs_and_path(checkpoint_path)
+    files = {
+        rel: {"size": size, "crc32c": _crc32c_of_file(fs, posixpath.join(root, rel))}
+        for rel, size in sorted(_list_files(fs, root).items())
+    }
+    manifest = {
+        "format": 1,
+        "step": int(step),
+        "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "run_info": run_info or {},
+        "files": files,
+    }
+    payload = json.dumps(manifest, indent=1, sort_keys=True)
+    target = posixpath.join(root, MANIFEST_NAME)
+    if _is_local(fs):
+        tmp = target + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    else:
+        with fs.open(target, "w") as f:
+            f.write(payload)
+    return manifest
+
+
+def audit_checkpoint(checkpoint_path: str, *, verify_checksums: bool = True) -> CheckpointStatus:
+    """Classifies one ``step-N`` directory (see the module docstring)."""
+    fs, root = _fs_and_path(checkpoint_path)
+    try:
+        with fs.open(posixpath.join(root, METADATA_NAME)) as f:
+            metadata = json.load(f)
+        step = int(metadata["step"])
+    except FileNotFoundError:
+        return CheckpointStatus(checkpoint_path, None, "incomplete", "no metadata.json: interrupted while writing")
+    except (ValueError, KeyError, TypeError) as e:
+        return CheckpointStatus(checkpoint_path, None, "corrupt", f"unreadable metadata.json ({e})")
+
+    manifest_path = posixpath.join(root, MANIFEST_NAME)
+    if not fs.exists(manifest_path):
+        return CheckpointStatus(checkpoint_path, step, "unverified", "no manifest")
+    try:
+        with fs.open(manifest_path) as f:
+            manifest = json.load(f)
+        expected = manifest["files"]
+    except (ValueError, KeyError, TypeError) as e:
+        return CheckpointStatus(checkpoint_path, step, "corrupt", f"unreadable manifest ({e})")
+
+    present = _list_files(fs, root)
+    for rel, entry in expected.items():
+        if rel not in present:
+            return CheckpointStatus(checkpoint_path, step, "corrupt", f"missing file {rel}")
+        if present[rel] != entry["size"]:
+            return CheckpointStatus(
+                checkpoint_path, step, "corrupt", f"{rel} has {present[rel]} bytes, expected {entry['size']}"
+            )
+        if verify_checksums and _crc32c_of_file(fs, posixpath.join(root, rel)) != entry["crc32c"]:
+            return CheckpointStatus(checkpoint_path, step, "corrupt", f"checksum mismatch in {rel}")
+    return CheckpointStatus(checkpoint_path, step, "verified", run_info=manifest.get("run_info") or {})
+
+
+def candidate_checkpoints(run_checkpoint_dir: str) -> list[str]:
+    """The ``step-*`` style subdirectories of a run's checkpoint directory (and the directory itself)."""
+    fs, root = _fs_and_path(run_checkpoint_dir)
+    if not fs.exists(root):
+        return []
+    dirs = [_with_protocol(fs, p) for p in sorted(fs.ls(root, detail=False)) if fs.isdir(p)]
+    if fs.exists(posixpath.join(root, METADATA_NAME)):
+        dirs.append(run_checkpoint_dir)
+    return dirs
+
+
+def audit_run(run_checkpoint_dir: str, *, verify_checksums: bool = True) -> list[CheckpointStatus]:
+    """Every checkpoint of a run, usable ones newest (highest step) first, then the unusable ones."""
+    statuses = [audit_checkpoint(p, verify_checksums=verify_checksums) for p in candidate_checkpoints(run_checkpoint_dir)]
+    usable = sorted((s for s in statuses if s.usable), key=lambda s: s.step or -1, reverse=True)
+    return usable + [s for s in statuses if not s.usable]
+
+
+def quarantine(checkpoint_path: str, reason: str) -> str:
+    """Moves a bad checkpoint out of the run's checkpoint directory, keeping it for inspection."""
+    fs, root = _fs_and_path(checkpoint_path)
+    parent, name = posixpath.split(root.rstrip("/"))
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+    destination_dir = parent + ".quarantine"
+    fs.makedirs(destination_dir, exist_ok=True)
+    destination = posixpath.join(destination_dir, f"{name}.{stamp}")
+    fs.mv(root, destination, recursive=True)
+    with fs.open(posixpath.join(destination, "QUARANTINE_REASON.txt"), "w") as f:
+        f.write(reason + "\n")
+    logger.warning("Quarantined checkpoint %s -> %s: %s", checkpoint_path, destination, reason)
+    return destination
+
+
+def check_writable(directory: str) -> None:
+    """Fails fast, naming the path, if checkpoints could not be written there."""
+    fs, root = _fs_and_path(directory)
+    probe = posixpath.join(root, f".write_probe_{os.getpid()}")
+    try:
+        fs.makedirs(root, exist_ok=True)
+        with fs.open(probe, "w") as f:
+            f.write("ok")
+        fs.rm(probe)
+    except Exception as e:  # noqa: BLE001 - any failure here means the same thing to the user
+        raise CheckpointError(
+            f"trainer.checkpointer.base_path: cannot write checkpoints to {directory!r} ({type(e).__name__}: {e})"
+        ) from e
+
+
+def state_fingerprint(tree: Any) -> dict:
+    """A readable description of a state tree's layout, to detect resuming with a different optimizer."""
+    import jax
+
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    paths = [jax.tree_util.keystr(p) for p, leaf in leaves if hasattr(leaf, "shape")]
+    return {"num_leaves": len(paths), "paths": paths}

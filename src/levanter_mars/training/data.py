@@ -1,0 +1,127 @@
+"""Local data helpers: path checks that name the field, and token caches built without Ray.
+
+Levanter builds token caches with Ray actors. That costs a Ray start-up and, on a 2-CPU machine, a cache actor can
+deadlock waiting for a CPU. For local sources we build the identical cache (same processor, same metadata) in this
+process with Levanter's ``SerialCacheWriter``; Levanter then finds and loads it. Remote sources (gs://, hf://, an HF
+dataset id) are left to Levanter, or to ``scripts/pretokenize.py``.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import urllib.parse
+from typing import Iterable, Iterator
+
+import braceexpand
+from levanter.data.text import (
+    LMMixtureDatasetConfig,
+    UrlSingleDatasetLMConfig,
+    preprocessor_for_format,
+)
+from levanter.store.cache import CacheMetadata, SerialCacheWriter, TreeCache
+
+logger = logging.getLogger(__name__)
+
+SPLITS = ("train", "validation")
+_BATCH = 128
+
+
+def is_local(url: str) -> bool:
+    scheme = urllib.parse.urlparse(url).scheme
+    return scheme in ("", "file")
+
+
+def _local_path(url: str) -> str:
+    return url[len("file://") :] if url.startswith("file://") else url
+
+
+def expand_local(url: str) -> list[str]:
+    """Brace- and glob-expanded local paths of a data URL."""
+    paths: list[str] = []
+    for pattern in braceexpand.braceexpand(_local_path(url)):
+        paths.extend(sorted(glob.glob(os.path.expanduser(pattern))) or [])
+    return paths
+
+
+def _url_sources(data) -> Iterator[tuple[str, UrlSingleDatasetLMConfig | object]]:
+    if isinstance(data, LMMixtureDatasetConfig):
+        for name, component in data.configs.items():
+            yield f"data.configs.{name}", component
+    else:
+        yield "data", data
+
+
+def _cache_dir(data, component, name: str) -> str | None:
+    if getattr(component, "cache_dir", None):
+        return component.cache_dir
+    if isinstance(data, LMMixtureDatasetConfig) and data.cache_dir:
+        return os.path.join(data.cache_dir, name.rsplit(".", 1)[-1])
+    return getattr(data, "cache_dir", None)
+
+
+def cache_exists(cache_dir: str | None, split: str) -> bool:
+    if not cache_dir:
+        return False
+    ledger = os.path.join(cache_dir, split, "shard_ledger.json")
+    if is_local(cache_dir):
+        return os.path.exists(_local_path(ledger))
+    import fsspec
+
+    return fsspec.core.url_to_fs(ledger)[0].exists(ledger)
+
+
+def missing_data_paths(data) -> list[str]:
+    """Messages for local data files that do not exist and have no token cache to fall back on."""
+    problems = []
+    for name, component in _url_sources(data):
+        for split in SPLITS:
+            urls: Iterable[str] = getattr(component, f"{split}_urls", None) or ()
+            if cache_exists(_cache_dir(data, component, name), split):
+                continue
+            for i, url in enumerate(urls):
+                if is_local(url) and not expand_local(url):
+                    problems.append(f"{name}.{split}_urls[{i}]: no such file {url!r}")
+    return problems
+
+
+def build_local_caches(data) -> list[str]:
+    """Builds missing token caches of local URL sources, serially. Returns the cache directories it built."""
+    built = []
+    for name, component in _url_sources(data):
+        if not isinstance(component, UrlSingleDatasetLMConfig) and not hasattr(component, "train_urls"):
+            continue
+        cache_dir = _cache_dir(data, component, name)
+        if not cache_dir or not is_local(cache_dir):
+            continue
+        tokenizer = data.the_tokenizer if isinstance(data, LMMixtureDatasetConfig) else component.the_tokenizer
+        for split in SPLITS:
+            urls = getattr(component, f"{split}_urls", None) or []
+            if not urls or not all(is_local(u) for u in urls) or cache_exists(cache_dir, split):
+                continue
+            path = os.path.join(_local_path(cache_dir), split)
+            build_cache_serially(component, tokenizer, split, path)
+            built.append(path)
+    return built
+
+
+def build_cache_serially(component, tokenizer, split: str, cache_path: str) -> TreeCache:
+    """The cache Levanter would build for ``component``'s ``split``, written by this process alone."""
+    source = component.get_shard_source(split)
+    processor = preprocessor_for_format(
+        component.format, tokenizer, enforce_bos=True, enforce_eos=component.enforce_eos
+    )
+    metadata = CacheMetadata(preprocessor_metadata=processor.metadata)
+    logger.info("Tokenizing %s split into %s (serially, no Ray)", split, cache_path)
+    with SerialCacheWriter(cache_path, processor.output_exemplar, metadata=metadata) as writer:
+        for shard in source.shard_names:
+            batch = []
+            for document in source.open_shard(shard):
+                batch.append(document)
+                if len(batch) == _BATCH:
+                    writer.write_batch(processor(batch))
+                    batch = []
+            if batch:
+                writer.write_batch(processor(batch))
+    return writer.result()

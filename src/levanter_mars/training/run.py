@@ -1,0 +1,149 @@
+"""One training run, end to end: prepare, validate, train with Levanter, summarize."""
+
+from __future__ import annotations
+
+
+import datetime
+import functools
+import hashlib
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import draccus
+import levanter.main.train_lm
+from levanter.optim import OptimizerConfig
+
+from levanter_mars.training import data as data_lib
+from levanter_mars.training import pydocs_corpus, upstream, validation
+from levanter_mars.training.config import TrainLmConfig
+from levanter_mars.training.metrics import METRICS_FILENAME, read_metrics
+from levanter_mars.training.plots import plot_loss_curves
+from levanter_mars.training.trainer import MarsTrainer
+
+logger = logging.getLogger(__name__)
+
+# Fields that do not change what is trained, and so do not change the derived run id.
+_ID_EXCLUDED = ("fresh", "plot")
+_TRAINER_ID_EXCLUDED = ("id", "tracker", "log_dir", "checkpointer", "load_checkpoint", "load_checkpoint_path", "ray")
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    run_dir: str
+    checkpoint_dir: str
+    metrics_file: str
+    steps_completed: int
+    final_train_loss: Optional[float]
+    first_eval_loss: Optional[float]
+    final_eval_loss: Optional[float]
+    loss_curve: Optional[str]
+
+    def describe(self) -> str:
+        lines = [f"Run {self.run_id}: {self.steps_completed} steps done."]
+        if self.final_train_loss is not None:
+            lines.append(f"  final train loss: {self.final_train_loss:.4f}")
+        if self.final_eval_loss is not None:
+            lines.append(f"  eval loss: {self.first_eval_loss:.4f} (first) -> {self.final_eval_loss:.4f} (last)")
+        lines.append(f"  metrics:     {self.metrics_file}")
+        lines.append(f"  checkpoints: {self.checkpoint_dir}")
+        if self.loss_curve:
+            lines.append(f"  loss curve:  {self.loss_curve}")
+        return "\n".join(lines)
+
+
+def optimizer_type_name(optimizer: OptimizerConfig) -> str:
+    for name, cls in OptimizerConfig.get_known_choices().items():
+        if type(optimizer) is cls:
+            return name
+    return type(optimizer).__name__
+
+
+def describe_run(config: TrainLmConfig) -> dict[str, Any]:
+    """What a checkpoint must agree with to be resumed: recorded in each checkpoint manifest."""
+    optimizer = {"type": optimizer_type_name(config.optimizer)}
+    for key in ("exact", "optimize_1d", "learning_rate", "learning_rate_1d", "gamma"):
+        if hasattr(config.optimizer, key):
+            optimizer[key] = getattr(config.optimizer, key)
+    return {"optimizer": optimizer, "model": {"type": type(config.model).__name__}}
+
+
+def stable_run_id(config: TrainLmConfig) -> str:
+    """``trainer.id``, else ``$RUN_ID``, else a name derived from the config, so the same command resumes."""
+    if config.trainer.id:
+        return config.trainer.id
+    if os.environ.get("RUN_ID"):
+        return os.environ["RUN_ID"]
+    encoded = draccus.encode(config)
+    for key in _ID_EXCLUDED:
+        encoded.pop(key, None)
+    for key in _TRAINER_ID_EXCLUDED:
+        encoded.get("trainer", {}).pop(key, None)
+    digest = hashlib.sha256(json.dumps(encoded, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    model = type(config.model).__name__.removesuffix("Config").lower()
+    return f"{model}-{optimizer_type_name(config.optimizer)}-{digest}"
+
+
+def _set_aside(path: str) -> Optional[str]:
+    if not os.path.exists(path):
+        return None
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    destination = f"{path.rstrip('/')}.old-{stamp}"
+    shutil.move(path, destination)
+    logger.warning("fresh=true: moved %s to %s", path, destination)
+    return destination
+
+
+def run_dir(config: TrainLmConfig) -> Path:
+    return Path(config.trainer.log_dir) / config.trainer.id
+
+
+def train(config: TrainLmConfig) -> RunSummary:
+    """Runs (or resumes) training. Raises ConfigError before any compilation if the config is bad."""
+    config.trainer.id = stable_run_id(config)
+    if config.embedded_corpus:
+        pydocs_corpus.prepare(config.embedded_corpus)
+    validation.validate(config)
+    data_lib.build_local_caches(config.data)
+
+    checkpoint_dir = config.trainer.checkpointer.expanded_path(config.trainer.id)
+    if config.fresh:
+        for path in (str(run_dir(config)), checkpoint_dir):
+            _set_aside(path)
+
+    trainer_factory = functools.partial(MarsTrainer, run_info=describe_run(config))
+    with upstream.use_trainer_class(trainer_factory), upstream.gpt2_without_hub(config.data.the_tokenizer):
+        levanter.main.train_lm.main(config)
+    return summarize(config)
+
+
+def summarize(config: TrainLmConfig) -> RunSummary:
+    directory = run_dir(config)
+    metrics_file = directory / METRICS_FILENAME
+    records = read_metrics(metrics_file)
+    train_losses = [r["train/loss"] for r in records if isinstance(r.get("train/loss"), float)]
+    eval_losses = [r["eval/loss"] for r in records if isinstance(r.get("eval/loss"), float)]
+    curve = None
+    if config.plot and records:
+        curve = plot_loss_curves(
+            {config.trainer.id: metrics_file}, directory / "loss_curve.png", title=f"{config.trainer.id}"
+        )
+    return RunSummary(
+        run_id=config.trainer.id,
+        run_dir=str(directory),
+        checkpoint_dir=config.trainer.checkpointer.expanded_path(config.trainer.id),
+        metrics_file=str(metrics_file),
+        steps_completed=max((r["step"] + 1 for r in records), default=0),
+        final_train_loss=train_losses[-1] if train_losses else None,
+        first_eval_loss=eval_losses[0] if eval_losses else None,
+        final_eval_loss=eval_losses[-1] if eval_losses else None,
+        loss_curve=curve,
+    )
+
+
+

@@ -1,0 +1,153 @@
+"""Every check on a training config, in one place, run before anything is compiled.
+
+Each problem is reported as a :class:`ConfigError` naming the field (``optimizer.beta1``, ``data.train_urls[0]``,
+``trainer.train_batch_size``) and what is allowed. Field-level checks of the MARS configs live in their
+``__post_init__`` (so they also fire when a config is built in Python); this module adds the checks that need the
+whole config, the file system or the devices.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from levanter_mars.training.config import ConfigError, TrainLmConfig
+from levanter_mars.training.data import missing_data_paths
+from levanter_mars.training.trainer import NONFINITE_POLICIES
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_optimizer(optimizer) -> None:
+    """Ranges every optimizer shares (Levanter's own configs do not check them), then the loss-hook probe."""
+    for name in vars(optimizer):
+        value = getattr(optimizer, name)
+        if not _is_number(value):
+            continue
+        if (name.startswith("beta") or name in ("momentum", "b1", "b2")) and not 0.0 <= value < 1.0:
+            raise ConfigError(f"optimizer.{name} must be in [0, 1), got {value!r}")
+        if (name.startswith("learning_rate") or name in ("weight_decay", "epsilon", "min_lr_ratio")) and value < 0:
+            raise ConfigError(f"optimizer.{name} must be >= 0, got {value!r}")
+    if getattr(optimizer, "exact", False):
+        check_loss_hook_reaches_optimizer(optimizer)
+
+
+def check_loss_hook_reaches_optimizer(optimizer) -> None:
+    """Exact MARS needs ``obj_fn``; a plain ``optax.GradientTransformation`` in a chain silently drops it."""
+    import haliax as hax
+    import haliax.nn as hnn
+
+    params = hnn.Linear.init(In=hax.Axis("i", 4), Out=hax.Axis("o", 3), key=jax.random.PRNGKey(0))
+    calls: list[bool] = []
+
+    def objective(p):
+        calls.append(True)
+        return sum(jnp.sum(x) for x in jax.tree.leaves(p))
+
+    tx = optimizer.build(10)
+
+    def probe():
+        state = tx.init(params)
+        return tx.update(params, state, params, obj_fn=objective, loss=jnp.zeros(()))
+
+    try:
+        jax.eval_shape(probe)
+    except ValueError as e:
+        if "obj_fn" in str(e):
+            calls.clear()
+        else:
+            raise
+    if not calls:
+        raise ConfigError(
+            f"optimizer.exact is true, but the optimizer built from optimizer.type={type(optimizer).__name__} never "
+            "receives the loss hook (obj_fn): a plain optax.GradientTransformation in its chain drops extra "
+            "arguments. Use optax.chain/inject_hyperparams/GradientTransformationExtraArgs, or exact: false."
+        )
+
+
+def check_trainer(trainer) -> None:
+    if trainer.nonfinite not in NONFINITE_POLICIES:
+        raise ConfigError(f"trainer.nonfinite must be one of {NONFINITE_POLICIES}, got {trainer.nonfinite!r}")
+    if trainer.max_consecutive_nonfinite < 1:
+        raise ConfigError(f"trainer.max_consecutive_nonfinite must be >= 1, got {trainer.max_consecutive_nonfinite}")
+    if trainer.num_train_steps < 1:
+        raise ConfigError(f"trainer.num_train_steps must be >= 1, got {trainer.num_train_steps}")
+    if trainer.steps_per_eval < 1:
+        raise ConfigError(f"trainer.steps_per_eval must be >= 1, got {trainer.steps_per_eval}")
+    if isinstance(trainer.train_batch_size, int) and trainer.train_batch_size < 1 and trainer.train_batch_size != -1:
+        raise ConfigError(f"trainer.train_batch_size must be >= 1, got {trainer.train_batch_size}")
+    if trainer.model_axis_size < 1:
+        raise ConfigError(f"trainer.model_axis_size must be >= 1, got {trainer.model_axis_size}")
+
+
+def check_mesh(trainer, device_count: int | None = None) -> None:
+    """The mesh and batch arithmetic Levanter would otherwise fail on mid-initialization (or inside jit).
+
+    On a multi-host cluster the device count is only known after ``jax.distributed`` starts, so there Levanter's
+    own checks (same arithmetic) apply.
+    """
+    if device_count is None:
+        if trainer.distributed._is_distributed():
+            return
+        device_count = jax.device_count()
+    model, replica = trainer.model_axis_size, trainer.replica_ici_axis_size
+    if device_count % (model * replica) != 0:
+        raise ConfigError(
+            f"trainer.model_axis_size={model} x trainer.replica_ici_axis_size={replica} does not divide the "
+            f"{device_count} available devices: no such mesh"
+        )
+    data_axis = device_count // model
+    batch, per_device = trainer.train_batch_size, trainer.per_device_parallelism
+    if isinstance(batch, int) and batch > 0:
+        if batch % data_axis != 0:
+            raise ConfigError(
+                f"trainer.train_batch_size={batch} is not divisible by the data-parallel size {data_axis} "
+                f"({device_count} devices / model_axis_size {model})"
+            )
+        if per_device > 0 and batch % (per_device * data_axis) != 0:
+            raise ConfigError(
+                f"trainer.train_batch_size={batch} is not divisible by trainer.per_device_parallelism={per_device} x "
+                f"data-parallel size {data_axis}"
+            )
+
+
+def check_model(model) -> None:
+    hidden, heads = getattr(model, "hidden_dim", None), getattr(model, "num_heads", None)
+    if _is_number(hidden) and _is_number(heads) and (heads < 1 or hidden % heads != 0):
+        raise ConfigError(f"model.hidden_dim={hidden} must be a multiple of model.num_heads={heads}")
+    for name in ("seq_len", "num_layers", "hidden_dim"):
+        value = getattr(model, name, None)
+        if _is_number(value) and value < 1:
+            raise ConfigError(f"model.{name} must be >= 1, got {value}")
+
+
+def check_data(data) -> None:
+    problems = missing_data_paths(data)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    tokenizer = getattr(data, "tokenizer", None)
+    if tokenizer and tokenizer != "passthrough":
+        looks_local = tokenizer.startswith((".", "/", "~")) or os.path.exists(os.path.expanduser(tokenizer))
+        if looks_local and not os.path.isdir(os.path.expanduser(tokenizer)):
+            raise ConfigError(f"data.tokenizer: no such tokenizer directory {tokenizer!r}")
+        try:
+            data.the_tokenizer  # noqa: B018 - loads (and caches) it
+        except Exception as e:  # noqa: BLE001
+            offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+            hint = " (HF_HUB_OFFLINE=1: only local or cached tokenizers load)" if offline else ""
+            raise ConfigError(f"data.tokenizer: cannot load {tokenizer!r}{hint}: {type(e).__name__}: {e}") from e
+
+
+def validate(config: TrainLmConfig, *, device_count: int | None = None) -> None:
+    """All checks, cheapest first. Raises :class:`ConfigError`."""
+    check_trainer(config.trainer)
+    check_model(config.model)
+    check_optimizer(config.optimizer)
+    check_mesh(config.trainer, device_count)
+    check_data(config.data)

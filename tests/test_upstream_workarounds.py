@@ -1,0 +1,166 @@
+"""Each test reproduces a defect of the pinned Levanter that levanter_mars.training.upstream works around.
+
+When one of these starts failing, upstream has fixed the defect: delete the workaround and this test.
+"""
+
+import importlib.metadata
+import inspect
+import warnings
+
+import haliax as hax
+import jax
+import jax.numpy as jnp
+import pytest
+from levanter.callbacks import LambdaCallback
+
+from levanter_mars.training import upstream
+
+
+class _Info:
+    step = 7
+
+
+def test_defect_1_lambda_callback_drops_force(tmp_path):
+    seen = []
+
+    def on_step(info, force=False):
+        seen.append(force)
+
+    LambdaCallback(on_step).on_step(_Info(), force=True)
+    assert seen == [False], "upstream now forwards force: remove forward_force_to_checkpointer"
+
+
+def test_defect_1_workaround_forwards_force_to_the_checkpointer(tmp_path):
+    from levanter.checkpoint import Checkpointer
+    from levanter.trainer import _Hook
+
+    class RecordingCheckpointer(Checkpointer):
+        def __init__(self):
+            super().__init__(tmp_path, None, [])
+            self.forced = []
+
+        def on_step(self, info, force=False):
+            self.forced.append(force)
+
+    checkpointer = RecordingCheckpointer()
+    hooks = [_Hook(LambdaCallback(lambda info: None), 1), _Hook(LambdaCallback(checkpointer.on_step), 1)]
+    assert upstream.forward_force_to_checkpointer(hooks) is checkpointer
+    for hook in hooks:
+        hook.fn.on_step(_Info(), force=True)
+    assert checkpointer.forced == [True]
+
+
+def test_defect_2_obj_fun_unpacks_a_pair_the_loss_does_not_return():
+    source = inspect.getsource(__import__("levanter.trainer", fromlist=["Trainer"]).Trainer._train_step)
+    assert "loss_for_opt, _metrics = result" in source
+    from levanter.models.lm_model import compute_next_token_loss
+
+    # The LM loss returns a single value, so that unpacking fails for every Levanter language model.
+    assert "tuple" not in str(inspect.signature(compute_next_token_loss).return_annotation).lower()
+
+
+def test_defect_2_take_train_step_passes_loss_to_the_optimizer():
+    import optax
+    from levanter.trainer_state import take_train_step
+
+    received = {}
+
+    def update(updates, state, params=None, **extra):
+        received.update(extra)
+        return updates, state
+
+    tx = optax.GradientTransformationExtraArgs(lambda p: optax.EmptyState(), update)
+    params = {"w": jnp.ones(2)}
+    take_train_step(tx, params, tx.init(params), params, obj_fun=lambda p: 0.0, loss=1.0)
+    assert "loss" in received and "obj_fn" in received, received
+
+
+def test_defect_3_gpt2_converter_needs_the_hub_and_the_workaround_does_not():
+    from levanter.models.gpt2 import Gpt2Config
+    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models
+
+    source = inspect.getsource(Gpt2Config.hf_checkpoint_converter)
+    assert 'reference_checkpoint="gpt2"' in source
+    with pytest.raises(Exception):
+        Gpt2Config().hf_checkpoint_converter()  # offline (HF_HUB_OFFLINE=1 and no network in tests)
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "<eos>": 1}, unk_token="<eos>")), eos_token="<eos>"
+    )
+    with upstream.gpt2_without_hub(tokenizer):
+        converter = Gpt2Config(hidden_dim=32, num_heads=2, num_layers=1).hf_checkpoint_converter()
+    assert converter.reference_checkpoint is None
+    assert converter.tokenizer is tokenizer
+    assert Gpt2Config.hf_checkpoint_converter.__qualname__.startswith("Gpt2Config")  # restored
+
+
+def test_defect_4_train_lm_hardcodes_the_trainer_class():
+    import levanter.main.train_lm as train_lm
+    from levanter.trainer import Trainer
+
+    assert list(inspect.signature(train_lm.main).parameters) == ["config"]
+    assert train_lm.Trainer is Trainer
+    sentinel = object()
+    with upstream.use_trainer_class(sentinel):
+        assert train_lm.Trainer is sentinel
+    assert train_lm.Trainer is Trainer
+
+
+def test_defect_5_upstream_train_returns_quietly_when_data_runs_out():
+    from levanter.trainer import Trainer
+
+    source = inspect.getsource(Trainer.training_steps)
+    assert "Reached end of training data loader" in source and "break" in source
+    # train() only complains when *no* step ran; stopping early otherwise goes unreported.
+    train_source = inspect.getsource(Trainer.train)
+    assert train_source.count("raise") == 1 and "if info is None" in train_source
+
+
+def test_defect_6_chex_and_gitpython_are_undeclared_but_imported():
+    requirements = " ".join(importlib.metadata.requires("levanter") or []).lower()
+    assert "chex" not in requirements and "gitpython" not in requirements
+    import levanter.optim.mars as levanter_mars_module
+    import levanter.tracker.helpers as helpers
+
+    assert "import chex" in inspect.getsource(levanter_mars_module)
+    assert "git" in inspect.getsource(helpers).lower()
+
+
+def test_defect_7_levanter_loss_uses_a_float_where_mask_which_newer_jax_rejects():
+    from levanter.models.loss import maybe_fused_next_token_loss
+
+    Pos, Embed, Vocab, Batch = hax.Axis("position", 4), hax.Axis("embed", 3), hax.Axis("vocab", 5), hax.Axis("b", 2)
+    pred_embeddings = hax.ones((Batch, Pos, Embed))
+    pred_lm_head = hax.ones((Embed, Vocab))
+    true_ids = hax.zeros((Batch, Pos), dtype=jnp.int32)
+    float_mask = hax.ones((Batch, Pos), dtype=jnp.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        maybe_fused_next_token_loss(
+            Pos, Embed, Vocab, pred_embeddings, pred_lm_head, true_ids, loss_mask=float_mask, reduction=hax.mean
+        )
+    assert any("where must be None or a boolean array" in str(w.message) for w in caught), [
+        str(w.message) for w in caught
+    ]
+    assert jax.__version__ == "0.7.2"
+
+
+def test_defect_8_levanter_mars_calls_removed_jax_tree_map():
+    from levanter.optim.mars import scale_by_mars
+
+    tx = scale_by_mars(max_grad_norm=1.0)
+    params = {"w": jnp.ones((2, 2))}
+    with pytest.raises(AttributeError, match="tree_map"):
+        tx.update(params, tx.init(params), params)
+
+
+def test_defect_9_default_tracker_is_online_wandb_and_ours_is_offline():
+    from levanter.trainer import TrainerConfig
+    from levanter.tracker.wandb import WandbConfig
+
+    from levanter_mars.training.trainer import MarsTrainerConfig
+
+    upstream_tracker = TrainerConfig().tracker
+    assert isinstance(upstream_tracker, WandbConfig) and upstream_tracker.mode is None
+    assert MarsTrainerConfig().tracker.mode == "offline"

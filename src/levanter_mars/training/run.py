@@ -105,6 +105,10 @@ def run_dir(config: TrainLmConfig) -> Path:
 
 def train(config: TrainLmConfig) -> RunSummary:
     """Runs (or resumes) training. Raises ConfigError before any compilation if the config is bad."""
+    # Levanter turns on INFO for its own loggers only; ours report resumes and skipped checkpoints.
+    package_logger = logging.getLogger("levanter_mars")
+    if package_logger.level == logging.NOTSET:
+        package_logger.setLevel(logging.INFO)
     config.trainer.id = stable_run_id(config)
     if config.embedded_corpus:
         pydocs_corpus.prepare(config.embedded_corpus)

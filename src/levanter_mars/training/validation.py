@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from levanter_mars.training.config import ConfigError, TrainLmConfig
 from levanter_mars.training.data import missing_data_paths
@@ -50,7 +51,8 @@ def check_loss_hook_reaches_optimizer(optimizer) -> None:
         calls.append(True)
         return sum(jnp.sum(x) for x in jax.tree.leaves(p))
 
-    tx = optimizer.build(10)
+    # The trainer's NaN guard passes extra arguments the way optax does: only to transforms that accept them.
+    tx = optax.with_extra_args_support(optimizer.build(10))
 
     def probe():
         state = tx.init(params)
@@ -127,6 +129,22 @@ def check_model(model) -> None:
             raise ConfigError(f"model.{name} must be >= 1, got {value}")
 
 
+PLACEHOLDER = "YOUR-BUCKET"
+
+
+def check_placeholders(config: TrainLmConfig) -> None:
+    """The shipped TPU configs point at gs://YOUR-BUCKET/...: refuse to run until that is replaced."""
+    fields = {
+        "data.cache_dir": getattr(config.data, "cache_dir", None),
+        "trainer.checkpointer.base_path": config.trainer.checkpointer.base_path,
+        "trainer.load_checkpoint_path": config.trainer.load_checkpoint_path,
+        "hf_save_path": config.hf_save_path,
+    }
+    for name, value in fields.items():
+        if isinstance(value, str) and PLACEHOLDER in value:
+            raise ConfigError(f"{name} is still the placeholder {value!r}: set it to your bucket or a local path")
+
+
 def check_data(data) -> None:
     problems = missing_data_paths(data)
     if problems:
@@ -146,6 +164,7 @@ def check_data(data) -> None:
 
 def validate(config: TrainLmConfig, *, device_count: int | None = None) -> None:
     """All checks, cheapest first. Raises :class:`ConfigError`."""
+    check_placeholders(config)
     check_trainer(config.trainer)
     check_model(config.model)
     check_optimizer(config.optimizer)

@@ -1,0 +1,124 @@
+"""Running the training CLI on the tiny config, as a user would, for end-to-end tests."""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import yaml
+
+from levanter_mars.training.metrics import read_metrics
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_CONFIG = REPO / "config" / "gpt2_tiny_mars.yaml"
+
+
+def _merge(base: dict, overrides: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def tiny_config(
+    workdir: Path, corpus: Path, run_id: str, overrides: Optional[dict] = None, base: Path = TINY_CONFIG
+) -> Path:
+    """Writes the tiny config with every path pointing into ``workdir``/``corpus``; returns its path."""
+    config = yaml.safe_load(base.read_text())
+    config = _merge(
+        config,
+        {
+            "embedded_corpus": str(corpus),
+            "data": {
+                "train_urls": [str(corpus / "train.jsonl")],
+                "validation_urls": [str(corpus / "validation.jsonl")],
+                "cache_dir": str(corpus / "tokenized"),
+                "tokenizer": str(corpus / "tokenizer"),
+            },
+            "trainer": {
+                "id": run_id,
+                "log_dir": str(workdir / "runs"),
+                "checkpointer": {"base_path": str(workdir / "checkpoints")},
+            },
+        },
+    )
+    config = _merge(config, overrides or {})
+    path = workdir / f"{run_id}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def run_paths(workdir: Path, run_id: str) -> dict[str, Path]:
+    return {
+        "metrics": workdir / "runs" / run_id / "metrics.jsonl",
+        "run_dir": workdir / "runs" / run_id,
+        "checkpoints": workdir / "checkpoints" / run_id,
+    }
+
+
+def cli_command(config_path: Path, *extra: str, prelude: str = "") -> list[str]:
+    code = f"{prelude}\nimport sys\nfrom levanter_mars.main.train_lm import cli\nsys.exit(cli(sys.argv[1:]))"
+    return [sys.executable, "-c", code, "--config_path", str(config_path), *extra]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    return env
+
+
+def run_cli(config_path: Path, *extra: str, prelude: str = "", timeout: float = 600) -> subprocess.CompletedProcess:
+    """Runs the training CLI to completion. ``prelude`` is Python run first (fault injection in tests)."""
+    return subprocess.run(
+        cli_command(config_path, *extra, prelude=prelude),
+        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def start_cli(config_path: Path, *extra: str, prelude: str = "", log_path: Optional[Path] = None) -> subprocess.Popen:
+    log = open(log_path, "w") if log_path else subprocess.DEVNULL
+    return subprocess.Popen(
+        cli_command(config_path, *extra, prelude=prelude), cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT
+    )
+
+
+def kill_when(proc: subprocess.Popen, condition: Callable[[], bool], timeout: float = 300, poll: float = 0.05) -> bool:
+    """SIGKILLs ``proc`` as soon as ``condition()`` holds. Returns False if the process ended first."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            return False
+        if condition():
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            return True
+        time.sleep(poll)
+    proc.kill()
+    raise TimeoutError("condition never held")
+
+
+def last_step(metrics_path: Path) -> int:
+    records = read_metrics(metrics_path)
+    return max((r["step"] for r in records), default=-1)
+
+
+def losses(metrics_path: Path, key: str = "train/loss") -> dict[int, Any]:
+    return {r["step"]: r[key] for r in read_metrics(metrics_path) if key in r}
+
+
+def describe_failure(proc: subprocess.CompletedProcess) -> str:
+    return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-6000:]}"
+
+
+def output(proc: subprocess.CompletedProcess) -> str:
+    """Everything a run printed (Levanter sends its log to stdout and stderr)."""
+    return proc.stdout + proc.stderr

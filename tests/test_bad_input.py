@@ -1,0 +1,110 @@
+"""Bad input is refused before anything is compiled, with a message naming the field or file."""
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import optax
+import pytest
+from levanter.optim import OptimizerConfig
+
+from levanter_mars.main.train_lm import cli
+from levanter_mars.optim.levanter_config import MarsAdamWConfig
+from levanter_mars.training.config import ConfigError
+from levanter_mars.training.trainer import MarsTrainerConfig
+from levanter_mars.training.validation import check_mesh, check_optimizer
+from tests.helpers.training import REPO, run_paths, tiny_config
+
+
+def _run(capsys, config, *extra):
+    try:
+        code = cli(["--config_path", str(config), *extra])
+    except SystemExit as e:  # argparse rejects unknown flags itself
+        code = e.code
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+@pytest.fixture
+def config(tmp_path, pydocs_corpus):
+    return tiny_config(tmp_path, pydocs_corpus, "bad")
+
+
+def _assert_nothing_started(tmp_path):
+    paths = run_paths(tmp_path, "bad")
+    assert not paths["metrics"].exists()
+    assert not any(paths["checkpoints"].glob("step-*")) if paths["checkpoints"].exists() else True
+
+
+@pytest.mark.parametrize(
+    "yaml_extra,expected",
+    [
+        ({"optimizer": {"gama": 0.1}}, "gama"),
+        ({"trainer": {"num_train_stepz": 3}}, "num_train_stepz"),
+        ({"optimizer": {"type": "mars-adamv"}}, "mars-adamv"),
+        ({"optimizer": {"beta1": 1.0}}, "optimizer.beta1"),
+        ({"optimizer": {"beta2": -0.5}}, "optimizer.beta2"),
+        ({"optimizer": {"gamma": 3.0}}, "optimizer.gamma"),
+        ({"optimizer": {"learning_rate": -1e-3}}, "optimizer.learning_rate"),
+        ({"trainer": {"nonfinite": "ignore"}}, "trainer.nonfinite"),
+        ({"trainer": {"model_axis_size": 3}}, "trainer.model_axis_size"),
+        ({"model": {"num_heads": 3}}, "model.hidden_dim"),
+        ({"data": {"tokenizer": "/nonexistent/tokenizer"}}, "data.tokenizer"),
+        ({"data": {"cache_dir": "/nonexistent/cache", "train_urls": ["/nonexistent/train.jsonl"]}},
+         "data.train_urls[0]"),
+    ],
+)
+def test_bad_config_fails_fast_naming_the_field(tmp_path, pydocs_corpus, capsys, yaml_extra, expected):
+    config = tiny_config(tmp_path, pydocs_corpus, "bad", yaml_extra)
+    code, output = _run(capsys, config)
+    assert code == 2, output[-2000:]
+    assert expected in output, output[-2000:]
+    _assert_nothing_started(tmp_path)
+
+
+def test_misspelled_command_line_flag(config, capsys):
+    code, output = _run(capsys, config, "--optimizer.gama", "0.1")
+    assert code == 2 and "--optimizer.gama" in output
+
+
+def test_missing_config_file(tmp_path, capsys):
+    code, output = _run(capsys, tmp_path / "nope.yaml")
+    assert code == 2 and "nope.yaml" in output
+
+
+def test_batch_not_divisible_by_data_parallel_size():
+    trainer = MarsTrainerConfig(train_batch_size=12)
+    with pytest.raises(ConfigError, match="trainer.train_batch_size=12 is not divisible by the data-parallel size 8"):
+        check_mesh(trainer, device_count=8)
+    with pytest.raises(ConfigError, match="per_device_parallelism"):
+        check_mesh(MarsTrainerConfig(train_batch_size=16, per_device_parallelism=3), device_count=8)
+    check_mesh(MarsTrainerConfig(train_batch_size=16, model_axis_size=2), device_count=8)  # 16 % 4 == 0
+
+
+def test_batch_check_on_eight_simulated_devices(config):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [sys.executable, "-m", "levanter_mars.main.train_lm", "--config_path", str(config),
+         "--trainer.train_batch_size", "12"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "trainer.train_batch_size=12" in proc.stderr
+
+
+@OptimizerConfig.register_subclass("test-exact-behind-a-plain-transform")
+@dataclass(frozen=True)
+class _ExactBehindPlainTransform(MarsAdamWConfig):
+    """A chain that wraps MARS in a plain GradientTransformation, which drops obj_fn."""
+
+    def build(self, num_train_steps):
+        inner = super().build(num_train_steps)
+        return optax.GradientTransformation(inner.init, lambda u, s, p=None: inner.update(u, s, p))
+
+
+def test_exact_with_a_chain_that_cannot_receive_the_loss_hook():
+    with pytest.raises(ConfigError, match="never receives the loss hook"):
+        check_optimizer(_ExactBehindPlainTransform(exact=True))
+    check_optimizer(MarsAdamWConfig(exact=True))  # the real chain receives it
+    check_optimizer(_ExactBehindPlainTransform(exact=False))  # approx does not need it

@@ -1,0 +1,82 @@
+"""Every shipped training config parses, and the GPT-2 recipe configs have the paper's sizes and settings."""
+
+from pathlib import Path
+
+import equinox as eqx
+import haliax as hax
+import jax
+import pytest
+
+from levanter_mars.training.config import ConfigError, parse_config
+from levanter_mars.training.validation import check_placeholders
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
+TRAIN_CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
+SIZES = {"small": 124e6, "medium": 355e6, "large": 774e6, "xl": 1.56e9}
+
+
+def _parse(path: Path):
+    return parse_config(["--config_path", str(path)])
+
+
+def test_the_recipe_configs_exist():
+    names = {p.name for p in TRAIN_CONFIGS}
+    for size in SIZES:
+        assert f"gpt2_{size}_mars.yaml" in names and f"gpt2_{size}_adamw.yaml" in names
+    for example in ("exact", "lion", "shampoo"):
+        assert f"gpt2_small_mars_{example}.yaml" in names
+    assert (CONFIG_DIR / "data" / "fineweb_edu.yaml").exists()
+
+
+@pytest.mark.parametrize("path", TRAIN_CONFIGS, ids=lambda p: p.name)
+def test_config_parses(path):
+    config = _parse(path)
+    assert config.trainer.id, "every shipped config names its run, so rerunning it resumes"
+
+
+@pytest.mark.parametrize("size", sorted(SIZES))
+def test_gpt2_parameter_counts_are_within_one_percent(size):
+    config = _parse(CONFIG_DIR / f"gpt2_{size}_mars.yaml")
+    shapes = eqx.filter_eval_shape(config.model.build, hax.Axis("vocab", 50257), key=jax.random.PRNGKey(0))
+    count = sum(x.size for x in jax.tree.leaves(shapes) if hasattr(x, "size"))
+    assert abs(count / SIZES[size] - 1) < 0.01, f"{size}: {count / 1e6:.1f}M"
+
+
+@pytest.mark.parametrize("size", sorted(SIZES))
+def test_paper_recipe(size):
+    mars = _parse(CONFIG_DIR / f"gpt2_{size}_mars.yaml")
+    adamw = _parse(CONFIG_DIR / f"gpt2_{size}_adamw.yaml")
+    expected_lr = {"small": 6e-3, "medium": 3e-3, "large": 2e-3, "xl": 2e-3}[size]
+    assert mars.optimizer.learning_rate == pytest.approx(expected_lr)
+    assert mars.optimizer.peak_learning_rate_1d == pytest.approx(expected_lr / 2)
+    assert (mars.optimizer.beta1, mars.optimizer.beta2, mars.optimizer.gamma) == (0.95, 0.99, 0.025)
+    assert mars.optimizer.weight_decay == pytest.approx(1e-2)
+    assert adamw.optimizer.learning_rate == pytest.approx(expected_lr / 10)
+    assert (adamw.optimizer.beta1, adamw.optimizer.beta2, adamw.optimizer.weight_decay) == (0.9, 0.95, 0.1)
+    for config in (mars, adamw):
+        assert config.trainer.train_batch_size == 480 and config.model.seq_len == 1024
+        assert config.trainer.num_train_steps == 100_000 and config.optimizer.warmup == 2000
+        assert config.optimizer.max_grad_norm == 1.0 and config.optimizer.lr_schedule == "cosine"
+        assert config.data.configs["fineweb_edu"].id == "HuggingFaceFW/fineweb-edu"
+        assert config.data.num_validation_sequences["fineweb_edu"] > 0
+    min_lr = {"small": 3e-5, "medium": 6e-5, "large": 1e-5, "xl": 1e-5}[size]
+    assert mars.optimizer.learning_rate * mars.optimizer.min_lr_ratio == pytest.approx(min_lr)
+    assert adamw.optimizer.learning_rate * adamw.optimizer.min_lr_ratio == pytest.approx(min_lr)
+
+
+@pytest.mark.parametrize("size", sorted(SIZES))
+def test_sizing_divides_the_batch(size):
+    """The stated slice (see each file's header) must give a whole number of sequences per data shard."""
+    config = _parse(CONFIG_DIR / f"gpt2_{size}_mars.yaml")
+    chips = {"small": 16, "medium": 32, "large": 64, "xl": 64}[size]
+    data_shards = chips // config.trainer.model_axis_size
+    assert config.trainer.train_batch_size % data_shards == 0
+    assert config.trainer.train_batch_size // data_shards == config.trainer.per_device_parallelism
+    for axis in config.trainer.tensor_parallel_axes or []:
+        size_of = {"heads": config.model.num_heads, "mlp": 4 * config.model.hidden_dim}[axis]
+        assert size_of % config.trainer.model_axis_size == 0, axis
+
+
+def test_placeholder_buckets_are_refused():
+    with pytest.raises(ConfigError, match="data.cache_dir is still the placeholder"):
+        check_placeholders(_parse(CONFIG_DIR / "gpt2_small_mars.yaml"))

@@ -1,0 +1,131 @@
+"""End-to-end training through the CLI on the tiny config: metrics, checkpoints, exact mode, bitwise resume."""
+
+import json
+
+import pytest
+
+from levanter_mars.training.checkpoints import MANIFEST_NAME
+from levanter_mars.training.metrics import read_metrics
+from tests.helpers.training import (
+    describe_failure,
+    kill_when,
+    last_step,
+    losses,
+    output,
+    run_cli,
+    run_paths,
+    start_cli,
+    tiny_config,
+)
+
+pytestmark = pytest.mark.slow
+
+MODES = {"approx": {}, "exact": {"optimizer": {"exact": True}}}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("e2e")
+
+
+@pytest.fixture(scope="module")
+def finished_runs(workdir, pydocs_corpus):
+    """One uninterrupted tiny run per mode: the reference for the other tests."""
+    runs = {}
+    for mode, overrides in MODES.items():
+        config = tiny_config(workdir, pydocs_corpus, f"ref-{mode}", overrides)
+        proc = run_cli(config)
+        assert proc.returncode == 0, describe_failure(proc)
+        runs[mode] = (config, proc, run_paths(workdir, f"ref-{mode}"))
+    return runs
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_run_writes_metrics_checkpoints_and_summary(finished_runs, mode):
+    config, proc, paths = finished_runs[mode]
+    records = read_metrics(paths["metrics"])
+    assert [r["step"] for r in records] == list(range(30)), "one record per step, no gaps or repeats"
+    for record in records:
+        for key in ("train/loss", "optim/learning_rate", "optim/learning_rate_1d", "optim/skipped_steps"):
+            assert key in record, (key, record)
+    evals = [r["eval/loss"] for r in records if "eval/loss" in r]
+    assert len(evals) >= 3 and evals[-1] < evals[0] - 0.5, evals
+    assert records[-1]["optim/learning_rate_1d"] == pytest.approx(records[-1]["optim/learning_rate"] / 2)
+    # Periodic checkpoints and the final one, each with a manifest.
+    steps = sorted(int(p.name.split("-")[1]) for p in paths["checkpoints"].glob("step-*"))
+    assert steps == [10, 20, 29], steps
+    for step in steps:
+        assert (paths["checkpoints"] / f"step-{step}" / MANIFEST_NAME).exists()
+    manifest = json.loads((paths["checkpoints"] / "step-29" / MANIFEST_NAME).read_text())
+    assert manifest["run_info"]["optimizer"]["type"] == "mars-adamw"
+    assert manifest["run_info"]["optimizer"]["exact"] is (mode == "exact")
+    assert (paths["run_dir"] / "loss_curve.png").stat().st_size > 10_000
+    assert str(paths["metrics"]) in proc.stdout and "30 steps done" in proc.stdout
+
+
+def test_exact_and_approx_differ(finished_runs):
+    approx = losses(finished_runs["approx"][2]["metrics"])
+    exact = losses(finished_runs["exact"][2]["metrics"])
+    assert approx[0] == exact[0], "step 1 uses a zero previous gradient in both modes"
+    assert any(approx[s] != exact[s] for s in range(5, 30))
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_kill_9_then_rerun_is_bitwise_identical(workdir, pydocs_corpus, finished_runs, mode):
+    run_id = f"killed-{mode}"
+    config = tiny_config(workdir, pydocs_corpus, run_id, MODES[mode])
+    paths = run_paths(workdir, run_id)
+    proc = start_cli(config, log_path=workdir / f"{run_id}.log")
+    # Mid-run, after the step-10 checkpoint: the resumed run must redo steps 11.. exactly.
+    assert kill_when(proc, lambda: last_step(paths["metrics"]) >= 14), (workdir / f"{run_id}.log").read_text()[-3000:]
+    assert last_step(paths["metrics"]) < 29
+
+    resumed = run_cli(config)
+    assert resumed.returncode == 0, describe_failure(resumed)
+    assert "Resuming from" in output(resumed)
+    reference = losses(finished_runs[mode][2]["metrics"])
+    got = losses(paths["metrics"])
+    assert sorted(got) == list(range(30)), "the resumed file has each step once"
+    mismatches = {s: (got[s], reference[s]) for s in reference if got[s] != reference[s]}
+    assert not mismatches, mismatches
+
+
+def test_second_run_of_a_finished_command_resumes_not_restarts(finished_runs):
+    config, _, paths = finished_runs["approx"]
+    before = paths["metrics"].read_text()
+    again = run_cli(config)
+    assert again.returncode == 0, describe_failure(again)
+    assert "already complete" in output(again)
+    assert paths["metrics"].read_text() == before
+
+
+def test_fresh_sets_the_previous_run_aside(workdir, pydocs_corpus):
+    config = tiny_config(workdir, pydocs_corpus, "fresh", {"trainer": {"num_train_steps": 3, "steps_per_eval": 2}})
+    assert run_cli(config).returncode == 0
+    again = run_cli(config, "--fresh", "true")
+    assert again.returncode == 0, describe_failure(again)
+    paths = run_paths(workdir, "fresh")
+    assert [r["step"] for r in read_metrics(paths["metrics"])] == [0, 1, 2]
+    assert list(paths["checkpoints"].parent.glob("fresh.old-*")), "old checkpoints kept, not deleted"
+    assert list(paths["run_dir"].parent.glob("fresh.old-*"))
+
+
+def test_torn_newest_checkpoint_is_skipped_for_the_previous_one(workdir, pydocs_corpus, finished_runs):
+    run_id = "torn"
+    config = tiny_config(workdir, pydocs_corpus, run_id)
+    assert run_cli(config).returncode == 0
+    paths = run_paths(workdir, run_id)
+    # Truncate the largest array file of the newest checkpoint (step-29): its manifest no longer matches.
+    victim = max((p for p in (paths["checkpoints"] / "step-29").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+
+    rerun = run_cli(config)
+    assert rerun.returncode == 0, describe_failure(rerun)
+    log = output(rerun)
+    assert "Skipping corrupt checkpoint" in log and "step-29" in log
+    assert "Resuming from" in log and "step-20" in log
+    quarantined = list((workdir / "checkpoints" / f"{run_id}.quarantine").glob("step-29.*"))
+    assert quarantined and (quarantined[0] / "QUARANTINE_REASON.txt").exists()
+    assert (paths["checkpoints"] / "step-29" / MANIFEST_NAME).exists(), "the final checkpoint was rewritten"
+    # Steps 20..29 were redone from step-20 with the same data and seed: identical to the uninterrupted run.
+    assert losses(paths["metrics"]) == losses(finished_runs["approx"][2]["metrics"])

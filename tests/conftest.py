@@ -69,3 +69,21 @@ def pydocs_corpus(tmp_path_factory):
     directory = tmp_path_factory.mktemp("pydocs")
     pydocs_corpus.prepare(directory)
     return directory
+
+
+@pytest.fixture(scope="session")
+def reference_runs(tmp_path_factory, pydocs_corpus):
+    """Uninterrupted tiny runs, approx and exact: the bitwise reference for every fault-injection test.
+
+    Returns ``{mode: (config_path, completed_process, paths)}``.
+    """
+    from tests.helpers.training import REFERENCE_MODES, describe_failure, run_cli, run_paths, tiny_config
+
+    workdir = tmp_path_factory.mktemp("reference")
+    runs = {}
+    for mode, overrides in REFERENCE_MODES.items():
+        config = tiny_config(workdir, pydocs_corpus, f"ref-{mode}", overrides)
+        proc = run_cli(config)
+        assert proc.returncode == 0, describe_failure(proc)
+        runs[mode] = (config, proc, run_paths(workdir, f"ref-{mode}"))
+    return runs

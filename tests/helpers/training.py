@@ -17,6 +17,8 @@ from levanter_mars.training.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_CONFIG = REPO / "config" / "gpt2_tiny_mars.yaml"
+#: The modes the session-wide reference runs cover (tests/conftest.py: reference_runs).
+REFERENCE_MODES = {"approx": {}, "exact": {"optimizer": {"exact": True}}}
 
 
 def _merge(base: dict, overrides: dict) -> dict:

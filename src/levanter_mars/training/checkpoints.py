@@ -208,6 +208,30 @@ def check_writable(directory: str) -> None:
         ) from e
 
 
+#: Fields of ``run_info["optimizer"]`` that change the optimizer state's layout: a checkpoint written with other values
+#: cannot be resumed. (Hyperparameters such as the learning rate may change between runs.)
+LAYOUT_FIELDS = ("type", "exact", "optimize_1d")
+
+
+def check_compatible(status: CheckpointStatus, current_run_info: dict) -> None:
+    """Raises :class:`CheckpointError` if the checkpoint's optimizer state cannot be loaded by this run."""
+    saved = (status.run_info or {}).get("optimizer") or {}
+    current = current_run_info.get("optimizer") or {}
+    for key in LAYOUT_FIELDS:
+        if key in saved and key in current and saved[key] != current[key]:
+            raise CheckpointError(
+                f"checkpoint {status.path} was written with optimizer.{key}={saved[key]!r}, but this run has "
+                f"optimizer.{key}={current[key]!r}; its optimizer state cannot be resumed. Resume with the "
+                f"original optimizer, or start a new run (a different trainer.id, or fresh=true to set the old "
+                f"run aside)."
+            )
+
+
+def newest_usable(run_checkpoint_dir: str, *, verify_checksums: bool = False) -> Optional[CheckpointStatus]:
+    statuses = [s for s in audit_run(run_checkpoint_dir, verify_checksums=verify_checksums) if s.usable]
+    return statuses[0] if statuses else None
+
+
 def state_fingerprint(tree: Any) -> dict:
     """A readable description of a state tree's layout, to detect resuming with a different optimizer."""
     import jax

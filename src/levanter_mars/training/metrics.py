@@ -73,11 +73,12 @@ class JsonlMetricsTracker(Tracker):
         self._last_record: Optional[dict[str, Any]] = None
         self._last_offset: int = 0
 
-    def truncate_after(self, step: int) -> None:
-        """Keeps the records with ``step <= step``: call when a run resumes from a checkpoint at ``step``."""
+    def truncate_after(self, last_kept_step: int) -> None:
+        """Keeps the records with ``step <= last_kept_step``: call when a run resumes from a checkpoint."""
+        self._pending_step, self._pending = None, {}
         if not self.path.exists():
             return
-        kept = [r for r in _complete_records(self.path) if int(r.get("step", -1)) <= step]
+        kept = [r for r in _complete_records(self.path) if int(r.get("step", -1)) <= last_kept_step]
         tmp = self.path.with_suffix(".jsonl.tmp")
         with tmp.open("w") as f:
             for record in kept:

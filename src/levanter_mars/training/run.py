@@ -18,6 +18,7 @@ import draccus
 import levanter.main.train_lm
 from levanter.optim import OptimizerConfig
 
+from levanter_mars.training import checkpoints
 from levanter_mars.training import data as data_lib
 from levanter_mars.training import pydocs_corpus, upstream, validation
 from levanter_mars.training.config import TrainLmConfig
@@ -119,8 +120,13 @@ def train(config: TrainLmConfig) -> RunSummary:
     if config.fresh:
         for path in (str(run_dir(config)), checkpoint_dir):
             _set_aside(path)
+    run_info = describe_run(config)
+    if config.trainer.load_checkpoint is not False:
+        newest = checkpoints.newest_usable(config.trainer.load_checkpoint_path or checkpoint_dir)
+        if newest is not None:
+            checkpoints.check_compatible(newest, run_info)  # before anything is built or compiled
 
-    trainer_factory = functools.partial(MarsTrainer, run_info=describe_run(config))
+    trainer_factory = functools.partial(MarsTrainer, run_info=run_info)
     with upstream.use_trainer_class(trainer_factory), upstream.gpt2_without_hub(config.data.the_tokenizer):
         levanter.main.train_lm.main(config)
     return summarize(config)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import equinox as eqx
 import haliax as hax
@@ -71,10 +71,14 @@ class VerifiedCheckpointer(Checkpointer):
 
     run_info: dict
     """Stored in every manifest (the trainer sets it) and compared on resume."""
+    before_save: Optional[Callable[[], None]]
+    """Called before a checkpoint is written: the trainer flushes the step's metrics, so that whatever a checkpoint
+    contains is also in metrics.jsonl (a resumed run does not redo logged steps)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.run_info = {}
+        self.before_save = None
 
     def on_step(self, info, force: bool = False):
         self.raise_if_failed()
@@ -102,13 +106,21 @@ class VerifiedCheckpointer(Checkpointer):
             )
         path = f"{self.base_path.rstrip('/')}/{destination}"
         step = int(info.step)
+        if self.before_save is not None:
+            self.before_save()
 
         def commit():
             ckpt.write_manifest(path, step=step, run_info=self.run_info)
             if commit_callback is not None:
-                commit_callback()
+                commit_callback()  # deletes the previous temporary checkpoint: only after this one is complete
 
-        super().save_checkpoint(info, destination, commit_callback=commit, is_temporary=is_temporary)
+        try:
+            super().save_checkpoint(info, destination, commit_callback=commit, is_temporary=is_temporary)
+        except OSError as e:
+            raise ckpt.CheckpointError(
+                f"cannot write checkpoint {path} ({type(e).__name__}: {e}). The previous checkpoint is intact; free "
+                "disk space or fix trainer.checkpointer.base_path, then rerun the same command to resume."
+            ) from e
 
 
 def _default_tracker() -> TrackerConfig:
@@ -238,6 +250,7 @@ class MarsTrainer(Trainer):
         self.checkpointer = forward_force_to_checkpointer(self.hooks.hooks)
         if isinstance(self.checkpointer, VerifiedCheckpointer):
             self.checkpointer.run_info = self.run_info
+            self.checkpointer.before_save = lambda: self.metrics.flush()
         monitor = NonFiniteMonitor(self.config.nonfinite, self.config.max_consecutive_nonfinite)
         self.hooks.hooks.insert(0, _Hook(monitor, every=1))
 
@@ -263,23 +276,12 @@ class MarsTrainer(Trainer):
             self._usable_checkpoints = usable
         return self._usable_checkpoints
 
-    def _check_compatible(self, status: ckpt.CheckpointStatus) -> None:
-        saved = (status.run_info or {}).get("optimizer") or {}
-        current = self.run_info.get("optimizer") or {}
-        for key in ("type", "exact", "optimize_1d"):
-            if key in saved and key in current and saved[key] != current[key]:
-                raise ckpt.CheckpointError(
-                    f"checkpoint {status.path} was written with optimizer.{key}={saved[key]!r}, but this run has "
-                    f"optimizer.{key}={current[key]!r}; its optimizer state cannot be resumed. Resume with the "
-                    f"original optimizer, or start a new run (a different trainer.id)."
-                )
-
     def initial_state(self, training_key, model=None, model_init=None, *, is_trainable=True):
         if self.config.load_checkpoint is False:
             return super().initial_state(training_key, model, model_init, is_trainable=is_trainable)
         candidates = self._audit_checkpoints()
         for status in candidates:
-            self._check_compatible(status)
+            ckpt.check_compatible(status, self.run_info)
             self._resume_from = status.path
             try:
                 state = super().initial_state(training_key, model, model_init, is_trainable=is_trainable)
@@ -298,7 +300,8 @@ class MarsTrainer(Trainer):
                 ckpt.quarantine(status.path, "state contains NaN/Inf")
                 continue
             logger.info("Resuming from %s (step %s, %s)", status.path, int(state.step), status.state)
-            self.metrics.truncate_after(int(state.step))
+            # A checkpoint of state.step = S holds S updates; the log already has steps 0 .. S-1.
+            self.metrics.truncate_after(int(state.step) - 1)
             return state
         self._resume_from = None
         if candidates:
@@ -308,7 +311,7 @@ class MarsTrainer(Trainer):
                 f"trainer.load_checkpoint is true but no usable checkpoint exists in {self._run_checkpoint_dir()}"
             )
         state = super().initial_state(training_key, model, model_init, is_trainable=is_trainable)
-        self.metrics.truncate_after(int(state.step))
+        self.metrics.truncate_after(int(state.step) - 1)
         return state
 
     # -------------------------------------------------------------------------------------------- training
@@ -327,6 +330,7 @@ class MarsTrainer(Trainer):
             self._already_complete = True
             stop_data_loader(train_loader)
             return StepInfo(state, float("nan"), 0.0)
+        self._checkpoint_after_other_hooks()
         try:
             info = super().train(state, train_loader)
         finally:
@@ -344,6 +348,14 @@ class MarsTrainer(Trainer):
                 f"{self.num_train_steps} (a checkpoint was saved). Add data, raise `epoch`, or lower num_train_steps."
             )
         return info
+
+    def _checkpoint_after_other_hooks(self) -> None:
+        """Evaluation hooks are added after the trainer is built; run them before the checkpointer, so a step's
+        metrics (eval loss included) are all logged, and flushed, before its checkpoint is written."""
+        is_checkpointer = [getattr(h.fn, "fn", None) == getattr(self.checkpointer, "on_step", 0) for h in self.hooks.hooks]
+        ordered = [h for h, c in zip(self.hooks.hooks, is_checkpointer) if not c]
+        ordered += [h for h, c in zip(self.hooks.hooks, is_checkpointer) if c]
+        self.hooks.hooks[:] = ordered
 
     def _train_step(self, state, batch, batch_kwargs, _no_hooks=False) -> TrainStepResult:
         # Upstream's Trainer._train_step, except for the objective handed to the optimizer (upstream defect 2).

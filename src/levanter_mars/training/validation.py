@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from levanter_mars.training.checkpoints import CheckpointError, check_writable
 from levanter_mars.training.config import ConfigError, TrainLmConfig
 from levanter_mars.training.data import missing_data_paths
 from levanter_mars.training.trainer import NONFINITE_POLICIES
@@ -162,6 +163,14 @@ def check_data(data) -> None:
             raise ConfigError(f"data.tokenizer: cannot load {tokenizer!r}{hint}: {type(e).__name__}: {e}") from e
 
 
+def check_checkpoint_path(config: TrainLmConfig) -> None:
+    path = config.trainer.checkpointer.expanded_path(config.trainer.id or "run")
+    try:
+        check_writable(path)
+    except CheckpointError as e:
+        raise ConfigError(str(e)) from e
+
+
 def validate(config: TrainLmConfig, *, device_count: int | None = None) -> None:
     """All checks, cheapest first. Raises :class:`ConfigError`."""
     check_placeholders(config)
@@ -170,3 +179,4 @@ def validate(config: TrainLmConfig, *, device_count: int | None = None) -> None:
     check_optimizer(config.optimizer)
     check_mesh(config.trainer, device_count)
     check_data(config.data)
+    check_checkpoint_path(config)

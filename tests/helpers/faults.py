@@ -1,0 +1,111 @@
+"""Fault injection for end-to-end tests, installed in the training subprocess before the CLI runs.
+
+Each ``install_*`` function patches one library seam and is activated through ``prelude(...)``, the Python source
+``tests.helpers.training.run_cli(..., prelude=...)`` runs first. Production code has no fault hooks.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+from typing import Mapping
+
+
+def prelude(function: str, **kwargs) -> str:
+    arguments = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+    return f"import tests.helpers.faults as _faults\n_faults.{function}({arguments})"
+
+
+def _is_step_dir(path: str, step: int) -> bool:
+    return str(path).rstrip("/").endswith(f"step-{step}")
+
+
+def install_kill_before_manifest(step: int) -> None:
+    """SIGKILL after ``metadata.json`` of ``step-<step>`` is written but before its manifest is."""
+    from levanter_mars.training import checkpoints
+
+    original = checkpoints.write_manifest
+
+    def write_manifest(checkpoint_path, *, step: int, run_info=None):
+        if step == target:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(checkpoint_path, step=step, run_info=run_info)
+
+    target = step
+    checkpoints.write_manifest = write_manifest
+
+
+class _PartialWriter:
+    """Stands in for the checkpoint manager of one save: writes the first half of the arrays, then runs ``finish``
+    in the manager's background commit thread instead of the real commit (which would write metadata.json)."""
+
+    def __init__(self, manager, finish):
+        self.manager, self.finish = manager, finish
+
+    def serialize_with_paths(self, arrays, paths, on_commit_callback=None):
+        half = max(1, len(arrays) // 2)
+        self.manager.serialize_with_paths(arrays[:half], paths[:half], on_commit_callback=self.finish)
+
+    def __getattr__(self, name):
+        return getattr(self.manager, name)
+
+
+def _intercept_save(step: int, make_manager) -> None:
+    import levanter.checkpoint as lc
+
+    original = lc.tree_serialize_leaves_tensorstore
+
+    def serialize(checkpoint_path, tree, manager=None, *args, **kwargs):
+        if _is_step_dir(checkpoint_path, step):
+            manager = make_manager(manager)
+        return original(checkpoint_path, tree, manager, *args, **kwargs)
+
+    lc.tree_serialize_leaves_tensorstore = serialize
+
+
+def install_kill_during_checkpoint_write(step: int) -> None:
+    """Checkpoint ``step-<step>`` writes half of its arrays, then the process is SIGKILLed: a torn checkpoint with
+    some arrays on disk and no ``metadata.json``, exactly what a preemption in the middle of a write leaves."""
+    _intercept_save(step, lambda m: _PartialWriter(m, lambda: os.kill(os.getpid(), signal.SIGKILL)))
+
+
+def install_disk_full_at_checkpoint(step: int, asynchronous: bool = False) -> None:
+    """Makes writing checkpoint ``step-<step>`` fail with ENOSPC: synchronously when the write starts, or in the
+    background writer after half of the arrays are on disk (as a disk that fills up mid-write would)."""
+    def full():
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if asynchronous:
+        _intercept_save(step, lambda m: _PartialWriter(m, full))
+    else:
+        def failing_manager(manager):
+            full()
+
+        _intercept_save(step, failing_manager)
+
+
+def install_poisoned_batches(scales: Mapping[int, float | str]) -> None:
+    """Multiplies the training loss of the given steps' batches by a factor: ``"nan"`` makes a NaN batch,
+    ``1e6`` a huge-gradient one. The factor is a traced argument, so the step compiles once. The exact-mode objective
+    sees the same batch, hence the same factor."""
+    import jax.numpy as jnp
+    import levanter.main.train_lm as train_lm
+
+    from levanter_mars.training.trainer import MarsTrainer
+
+    original_loss = train_lm.compute_next_token_loss
+
+    def loss(model, example, *args, loss_scale=None, **kwargs):
+        value = original_loss(model, example, *args, **kwargs)
+        return value if loss_scale is None else value * loss_scale
+
+    train_lm.compute_next_token_loss = loss
+    original_step = MarsTrainer.train_step
+    factors = {int(k): float(v) for k, v in scales.items()}
+
+    def train_step(self, state, *batch, **batch_kwargs):
+        scale = factors.get(int(state.step), 1.0)
+        return original_step(self, state, *batch, loss_scale=jnp.asarray(scale, jnp.float32), **batch_kwargs)
+
+    MarsTrainer.train_step = train_step

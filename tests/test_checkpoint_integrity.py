@@ -1,0 +1,95 @@
+"""Checkpoint manifests: every kind of damage is detected, and bad checkpoints are moved aside, never deleted."""
+
+import json
+
+import pytest
+
+from levanter_mars.training import checkpoints as ckpt
+
+
+def _make_checkpoint(root, step, *, manifest=True):
+    directory = root / f"step-{step}"
+    (directory / "model" / "w").mkdir(parents=True)
+    (directory / "model" / "w" / ".zarray").write_text('{"shape": [4]}')
+    (directory / "model" / "w" / "0").write_bytes(bytes(range(64)) * 4)
+    (directory / "opt_state" / "mu").mkdir(parents=True)
+    (directory / "opt_state" / "mu" / "0").write_bytes(b"\x01" * 100)
+    (directory / "metadata.json").write_text(json.dumps({"step": step, "timestamp": "2026-01-01T00:00:00"}))
+    if manifest:
+        ckpt.write_manifest(str(directory), step=step, run_info={"optimizer": {"type": "mars-adamw", "exact": False}})
+    return directory
+
+
+def test_intact_checkpoint_verifies_with_its_run_info(tmp_path):
+    status = ckpt.audit_checkpoint(str(_make_checkpoint(tmp_path, 10)))
+    assert status.state == "verified" and status.step == 10
+    assert status.run_info["optimizer"]["type"] == "mars-adamw"
+
+
+@pytest.mark.parametrize(
+    "damage,state,reason",
+    [
+        (lambda d: (d / "model" / "w" / "0").unlink(), "corrupt", "missing file model/w/0"),
+        (lambda d: (d / "model" / "w" / "0").write_bytes(b"\x00" * 10), "corrupt", "has 10 bytes"),
+        (lambda d: (d / "opt_state" / "mu" / "0").write_bytes(b"\x02" * 100), "corrupt", "checksum mismatch"),
+        (lambda d: (d / "metadata.json").write_text("{not json"), "corrupt", "unreadable metadata.json"),
+        (lambda d: (d / "metadata.json").unlink(), "incomplete", "no metadata.json"),
+        (lambda d: (d / ckpt.MANIFEST_NAME).write_text("{"), "corrupt", "unreadable manifest"),
+        (lambda d: (d / ckpt.MANIFEST_NAME).unlink(), "unverified", "no manifest"),
+    ],
+    ids=["missing-file", "truncated", "same-size-flip", "bad-metadata", "no-metadata", "bad-manifest", "no-manifest"],
+)
+def test_damage_is_detected(tmp_path, damage, state, reason):
+    directory = _make_checkpoint(tmp_path, 10)
+    damage(directory)
+    status = ckpt.audit_checkpoint(str(directory))
+    assert status.state == state and reason in status.reason, status
+    assert status.usable == (state == "unverified")
+
+
+def test_size_only_audit_misses_a_same_size_flip_but_checksums_catch_it(tmp_path):
+    directory = _make_checkpoint(tmp_path, 10)
+    (directory / "opt_state" / "mu" / "0").write_bytes(b"\x02" * 100)
+    assert ckpt.audit_checkpoint(str(directory), verify_checksums=False).state == "verified"
+    assert ckpt.audit_checkpoint(str(directory), verify_checksums=True).state == "corrupt"
+
+
+def test_audit_run_orders_usable_checkpoints_newest_first(tmp_path):
+    for step in (10, 30, 20):
+        _make_checkpoint(tmp_path, step)
+    _make_checkpoint(tmp_path, 40, manifest=False)
+    torn = tmp_path / "step-50"
+    torn.mkdir()
+    statuses = ckpt.audit_run(str(tmp_path))
+    assert [(s.step, s.state) for s in statuses] == [
+        (40, "unverified"), (30, "verified"), (20, "verified"), (10, "verified"), (None, "incomplete")
+    ]
+    assert ckpt.newest_usable(str(tmp_path)).step == 40
+
+
+def test_quarantine_moves_the_checkpoint_aside_with_its_reason(tmp_path):
+    run_dir = tmp_path / "run"
+    directory = _make_checkpoint(run_dir, 10)
+    destination = ckpt.quarantine(str(directory), "corrupt: checksum mismatch")
+    assert not directory.exists()
+    assert destination.startswith(str(tmp_path / "run.quarantine" / "step-10."))
+    assert (tmp_path / destination / "QUARANTINE_REASON.txt").read_text().startswith("corrupt")
+    assert (tmp_path / destination / "model" / "w" / "0").exists(), "nothing deleted"
+    assert ckpt.audit_run(str(run_dir)) == []
+
+
+def test_incompatible_optimizer_is_refused(tmp_path):
+    status = ckpt.audit_checkpoint(str(_make_checkpoint(tmp_path, 10)))
+    ckpt.check_compatible(status, {"optimizer": {"type": "mars-adamw", "exact": False, "learning_rate": 1.0}})
+    with pytest.raises(ckpt.CheckpointError, match="optimizer.exact=False.*optimizer.exact=True"):
+        ckpt.check_compatible(status, {"optimizer": {"type": "mars-adamw", "exact": True}})
+    with pytest.raises(ckpt.CheckpointError, match="optimizer.type='mars-adamw'"):
+        ckpt.check_compatible(status, {"optimizer": {"type": "adam"}})
+
+
+def test_unwritable_directory_is_reported_by_name(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ckpt.CheckpointError, match="trainer.checkpointer.base_path.*file/run"):
+        ckpt.check_writable(str(blocker / "run"))
+    ckpt.check_writable(str(tmp_path / "fine"))

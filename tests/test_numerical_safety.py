@@ -1,0 +1,130 @@
+"""NaN/Inf never reach parameters or optimizer state, and one huge gradient cannot wreck MARS's state."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from levanter_mars.optim import ScaleByMarsState, mars
+from levanter_mars.optim.guard import NonFiniteGuardState, skip_nonfinite_updates
+
+
+def _params():
+    k1, k2 = jax.random.split(jax.random.PRNGKey(0))
+    return {"w": jax.random.normal(k1, (8, 6)), "b": jax.random.normal(k2, (6,))}
+
+
+def _grads(seed, scale=1.0):
+    k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
+    return {"w": scale * jax.random.normal(k1, (8, 6)), "b": scale * jax.random.normal(k2, (6,))}
+
+
+def _mars_state(state) -> ScaleByMarsState:
+    return next(s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, ScaleByMarsState))
+                if isinstance(s, ScaleByMarsState))
+
+
+def _tree_equal(a, b):
+    return all(bool(jnp.array_equal(x, y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+@pytest.mark.parametrize("bad", [jnp.nan, jnp.inf, -jnp.inf])
+def test_nonfinite_gradients_are_skipped_and_counted(bad):
+    params = _params()
+    tx = skip_nonfinite_updates(mars(1e-2))
+    state = tx.init(params)
+    updates, state = tx.update(_grads(1), state, params)
+    poisoned = _grads(2)
+    poisoned["w"] = poisoned["w"].at[3, 2].set(bad)
+    skipped_updates, skipped_state = tx.update(poisoned, state, params)
+    assert all(bool(jnp.all(u == 0)) for u in jax.tree.leaves(skipped_updates))
+    assert _tree_equal(skipped_state.inner_state, state.inner_state), "state untouched"
+    assert int(skipped_state.skipped_steps) == 1 and int(skipped_state.consecutive_skips) == 1
+    _, recovered = tx.update(_grads(3), skipped_state, params)
+    assert int(recovered.skipped_steps) == 1 and int(recovered.consecutive_skips) == 0
+
+
+def test_finite_steps_pass_through_unchanged():
+    params = _params()
+    inner, guarded = mars(1e-2), skip_nonfinite_updates(mars(1e-2))
+    s_inner, s_guard = inner.init(params), guarded.init(params)
+    for seed in range(3):
+        u_inner, s_inner = inner.update(_grads(seed), s_inner, params)
+        u_guard, s_guard = guarded.update(_grads(seed), s_guard, params)
+        assert _tree_equal(u_inner, u_guard)
+    assert int(s_guard.skipped_steps) == 0
+
+
+def test_nonfinite_optimizer_state_is_not_propagated():
+    params = _params()
+    tx = skip_nonfinite_updates(mars(1e-2))
+    state = tx.init(params)
+    _, state = tx.update(_grads(1), state, params)
+    mars_state = _mars_state(state)
+    broken_mu = {**mars_state.mu, "w": mars_state.mu["w"].at[0, 0].set(jnp.nan)}
+    broken = jax.tree.map(lambda x: x, state, is_leaf=lambda x: isinstance(x, ScaleByMarsState))
+    broken = NonFiniteGuardState(
+        jax.tree.map(lambda s: s._replace(mu=broken_mu) if isinstance(s, ScaleByMarsState) else s,
+                     broken.inner_state, is_leaf=lambda x: isinstance(x, ScaleByMarsState)),
+        broken.skipped_steps, broken.consecutive_skips,
+    )
+    updates, new_state = tx.update(_grads(2), broken, params)
+    assert all(bool(jnp.all(u == 0)) for u in jax.tree.leaves(updates))
+    assert int(new_state.skipped_steps) == 1
+
+
+def test_exact_mode_nan_in_the_previous_parameter_gradient_is_skipped():
+    """The incoming gradients are finite, but the loss hook's gradient is not: only the output check catches it."""
+    params = _params()
+    tx = skip_nonfinite_updates(mars(1e-2, exact=True))
+    state = tx.init(params)
+    fine = lambda p: sum(jnp.sum(x**2) for x in jax.tree.leaves(p))  # noqa: E731
+    _, state = tx.update(_grads(1), state, params, obj_fn=fine)
+    broken = lambda p: fine(p) * jnp.nan  # noqa: E731
+    updates, state = tx.update(_grads(2), state, params, obj_fn=broken)
+    assert int(state.skipped_steps) == 1
+    assert all(bool(jnp.all(u == 0)) for u in jax.tree.leaves(updates))
+
+
+def test_guard_keeps_injected_hyperparameters_visible_for_logging():
+    params = _params()
+    tx = skip_nonfinite_updates(optax.inject_hyperparams(mars)(learning_rate=3e-3))
+    state = tx.init(params)
+    assert float(state.hyperparams["learning_rate"]) == pytest.approx(3e-3)
+    assert int(state.hyperparams["skipped_steps"]) == 0
+
+
+def _distance_to_optimum_after(tx, spike_at=None, steps=80, spike=1e6):
+    """Minimizes 0.5 * ||x||^2 from noisy gradients; gradient ``spike_at`` is ``spike`` times too large."""
+    params = _params()
+    state = tx.init(params)
+    update = jax.jit(tx.update)
+    for step in range(steps):
+        noise = _grads(100 + step, scale=0.1)
+        grads = jax.tree.map(lambda x, n: x + n, params, noise)
+        if step == spike_at:
+            grads = jax.tree.map(lambda g: spike * g, grads)
+        updates, state = update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+    assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(params))
+    return float(jnp.linalg.norm(params["w"])), state
+
+
+def test_per_tensor_clip_keeps_one_huge_gradient_from_wrecking_the_state():
+    """A single gradient 1e6x too large, with no global clip in front. MARS clips c_t per tensor, so its moments
+    stay bounded and it ends where it would have without the spike. Plain Adam takes a huge step and its second
+    moment then remembers the spike for ~1/(1-b2) steps, so it cannot come back."""
+    clean_mars, _ = _distance_to_optimum_after(mars(3e-2))
+    spiked_mars, spiked_state = _distance_to_optimum_after(mars(3e-2), spike_at=20)
+    clean_adam, _ = _distance_to_optimum_after(optax.adam(3e-2))
+    spiked_adam, _ = _distance_to_optimum_after(optax.adam(3e-2), spike_at=20)
+
+    mars_state = _mars_state(spiked_state)
+    # Every c_t has norm <= 1, so the moments are convex combinations of vectors of norm <= 1.
+    assert float(jnp.linalg.norm(mars_state.mu["w"])) <= 1.0 + 1e-6
+    assert float(jnp.sum(mars_state.nu["w"])) <= 1.0 + 1e-6
+    start = float(jnp.linalg.norm(_params()["w"]))
+    assert clean_mars < 0.2 * start, "the problem is solved in 80 steps"
+    assert abs(spiked_mars - clean_mars) < 0.01 * start, (spiked_mars, clean_mars)
+    assert spiked_adam > 2 * clean_adam, (spiked_adam, clean_adam)

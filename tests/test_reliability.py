@@ -1,0 +1,208 @@
+"""Faults, bad input and numerical trouble never cost a run or a checkpoint (end to end, tiny config, CLI).
+
+Every run that is killed, fails or is poisoned is rerun with the same command, and must then finish with train losses
+bitwise identical to an uninterrupted run (tests/conftest.py: reference_runs).
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from levanter_mars.training.checkpoints import MANIFEST_NAME, audit_checkpoint, audit_run
+from levanter_mars.training.metrics import read_metrics
+from tests.helpers.checkpoint_arrays import checkpoint_arrays
+from tests.helpers.faults import prelude
+from tests.helpers.training import (
+    REFERENCE_MODES,
+    describe_failure,
+    kill_when,
+    last_step,
+    losses,
+    output,
+    run_cli,
+    run_paths,
+    start_cli,
+    tiny_config,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("reliability")
+
+
+def _rerun_matches_reference(config, paths, reference_runs, mode="approx", resumed_from=None, unverified=()):
+    rerun = run_cli(config)
+    assert rerun.returncode == 0, describe_failure(rerun)
+    if resumed_from is not None:
+        assert f"step-{resumed_from}" in output(rerun) and "Resuming from" in output(rerun), output(rerun)[-3000:]
+    got, reference = losses(paths["metrics"]), losses(reference_runs[mode][2]["metrics"])
+    assert sorted(got) == list(range(30))
+    assert got == reference, {s: (got[s], reference[s]) for s in reference if got.get(s) != reference[s]}
+    for status in audit_run(str(paths["checkpoints"])):
+        expected = "unverified" if status.step in unverified else "verified"
+        assert status.state == expected, status
+    return rerun
+
+
+# ------------------------------------------------------------------------------------------------ kill -9
+
+
+def test_kill_during_an_async_checkpoint_write(workdir, pydocs_corpus, reference_runs):
+    run_id = "kill-mid-write"
+    config = tiny_config(workdir, pydocs_corpus, run_id)
+    paths = run_paths(workdir, run_id)
+    killed = run_cli(config, prelude=prelude("install_kill_during_checkpoint_write", step=20))
+    assert killed.returncode == -9, describe_failure(killed)
+    torn = paths["checkpoints"] / "step-20"
+    assert torn.exists() and not (torn / "metadata.json").exists(), "the kill landed mid-write"
+    rerun = _rerun_matches_reference(config, paths, reference_runs, resumed_from=10)
+    assert "Skipping incomplete checkpoint" in output(rerun)
+    assert list((workdir / "checkpoints" / f"{run_id}.quarantine").glob("step-20.*"))
+
+
+def test_kill_between_metadata_and_manifest(workdir, pydocs_corpus, reference_runs):
+    """A checkpoint whose arrays and metadata are complete but whose manifest was never written still resumes."""
+    run_id = "kill-before-manifest"
+    config = tiny_config(workdir, pydocs_corpus, run_id)
+    paths = run_paths(workdir, run_id)
+    killed = run_cli(config, prelude=prelude("install_kill_before_manifest", step=20))
+    assert killed.returncode == -9, describe_failure(killed)
+    step20 = paths["checkpoints"] / "step-20"
+    assert (step20 / "metadata.json").exists() and not (step20 / MANIFEST_NAME).exists()
+    assert audit_checkpoint(str(step20)).state == "unverified"
+    # Its arrays were complete, so it is used; it stays "unverified" (nothing can vouch for its bytes now).
+    _rerun_matches_reference(config, paths, reference_runs, resumed_from=20, unverified=(20,))
+
+
+def test_kill_right_after_a_checkpoint(workdir, pydocs_corpus, reference_runs):
+    run_id = "kill-after-checkpoint"
+    config = tiny_config(workdir, pydocs_corpus, run_id)
+    paths = run_paths(workdir, run_id)
+    proc = start_cli(config, log_path=workdir / f"{run_id}.log")
+    assert kill_when(proc, lambda: (paths["checkpoints"] / "step-20" / MANIFEST_NAME).exists(), poll=0.005)
+    _rerun_matches_reference(config, paths, reference_runs, resumed_from=20)
+
+
+# --------------------------------------------------------------------------------------- corrupt checkpoints
+
+
+# Every kind of corruption is detected by tests/test_checkpoint_integrity.py; end to end we check the two that reach
+# different code: a truncated array (tests/test_train_e2e.py) and unreadable metadata, which Levanter's own
+# checkpointer would crash on before any of our code could skip it.
+@pytest.mark.parametrize("corruption", ["bad_metadata"])
+def test_corrupt_newest_checkpoint_is_skipped(workdir, pydocs_corpus, reference_runs, corruption):
+    run_id = f"corrupt-{corruption}"
+    config = tiny_config(workdir, pydocs_corpus, run_id)
+    paths = run_paths(workdir, run_id)
+    proc = start_cli(config, log_path=workdir / f"{run_id}.log")
+    assert kill_when(proc, lambda: (paths["checkpoints"] / "step-20" / MANIFEST_NAME).exists() and
+                     last_step(paths["metrics"]) >= 22)
+    newest = paths["checkpoints"] / "step-20"
+    files = sorted((p for p in newest.rglob("*") if p.is_file() and p.name not in (MANIFEST_NAME, "metadata.json")),
+                   key=lambda p: p.stat().st_size)
+    assert files and corruption == "bad_metadata"
+    (newest / "metadata.json").write_text('{"step": 20, "timest')
+    rerun = _rerun_matches_reference(config, paths, reference_runs, resumed_from=10)
+    assert "Skipping corrupt checkpoint" in output(rerun)
+
+
+# ----------------------------------------------------------------------------------- disk full, bad path
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["at-write", "in-background"])
+def test_disk_full_stops_cleanly_and_keeps_the_last_good_checkpoint(
+    workdir, pydocs_corpus, reference_runs, asynchronous
+):
+    run_id = f"disk-full-{'async' if asynchronous else 'sync'}"
+    config = tiny_config(workdir, pydocs_corpus, run_id)
+    paths = run_paths(workdir, run_id)
+    failed = run_cli(config, prelude=prelude("install_disk_full_at_checkpoint", step=20, asynchronous=asynchronous))
+    assert failed.returncode == 1, describe_failure(failed)
+    assert "No space left on device" in failed.stderr and "previous checkpoint is intact" in failed.stderr
+    assert audit_checkpoint(str(paths["checkpoints"] / "step-10")).state == "verified"
+    _rerun_matches_reference(config, paths, reference_runs, resumed_from=10)
+
+
+def test_unwritable_checkpoint_path_fails_before_training(workdir, pydocs_corpus):
+    blocker = workdir / "a-file"
+    blocker.write_text("not a directory")
+    config = tiny_config(workdir, pydocs_corpus, "unwritable", {"trainer": {"checkpointer": {"base_path": str(blocker)}}})
+    proc = run_cli(config)
+    assert proc.returncode == 2, describe_failure(proc)
+    assert "trainer.checkpointer.base_path" in proc.stderr and str(blocker) in proc.stderr
+    assert not run_paths(workdir, "unwritable")["metrics"].exists()
+
+
+# ------------------------------------------------------------------------------------------ numerics
+
+
+def _all_checkpoint_arrays_finite(checkpoint_root):
+    for step_dir in sorted(checkpoint_root.glob("step-*")):
+        for name, array in checkpoint_arrays(step_dir).items():
+            if np.issubdtype(array.dtype, np.floating):
+                assert np.all(np.isfinite(array)), (step_dir.name, name)
+
+
+@pytest.mark.parametrize("mode", ["approx", "exact"])
+def test_nan_batch_is_skipped_and_counted(workdir, pydocs_corpus, mode):
+    run_id = f"nan-skip-{mode}"
+    config = tiny_config(workdir, pydocs_corpus, run_id, REFERENCE_MODES[mode])
+    paths = run_paths(workdir, run_id)
+    proc = run_cli(config, prelude=prelude("install_poisoned_batches", scales={15: "nan"}))
+    assert proc.returncode == 0, describe_failure(proc)
+    records = {r["step"]: r for r in read_metrics(paths["metrics"])}
+    assert [records[s]["optim/skipped_steps"] for s in (14, 15, 16, 29)] == [0, 1, 1, 1]
+    assert records[15]["train/loss"] == "nan"
+    assert all(isinstance(records[s]["train/loss"], float) for s in range(16, 30))
+    assert "update was skipped" in output(proc)
+    _all_checkpoint_arrays_finite(paths["checkpoints"])
+
+
+def test_nan_batch_stops_the_run_when_asked_and_the_rerun_resumes(workdir, pydocs_corpus, reference_runs):
+    run_id = "nan-stop"
+    config = tiny_config(workdir, pydocs_corpus, run_id, {"trainer": {"nonfinite": "stop"}})
+    paths = run_paths(workdir, run_id)
+    stopped = run_cli(config, prelude=prelude("install_poisoned_batches", scales={15: "nan"}))
+    assert stopped.returncode == 1, describe_failure(stopped)
+    assert "step 15" in stopped.stderr and "trainer.nonfinite=stop" in stopped.stderr
+    assert sorted(p.name for p in paths["checkpoints"].glob("step-*")) == ["step-10"]
+    _all_checkpoint_arrays_finite(paths["checkpoints"])
+    _rerun_matches_reference(config, paths, reference_runs, resumed_from=10)
+
+
+@pytest.mark.parametrize("mode", ["approx", "exact"])
+def test_huge_gradient_batch_does_not_wreck_training(workdir, pydocs_corpus, reference_runs, mode):
+    run_id = f"huge-{mode}"
+    config = tiny_config(workdir, pydocs_corpus, run_id, REFERENCE_MODES[mode])
+    paths = run_paths(workdir, run_id)
+    proc = run_cli(config, prelude=prelude("install_poisoned_batches", scales={15: 1e6}))
+    assert proc.returncode == 0, describe_failure(proc)
+    got, reference = losses(paths["metrics"]), losses(reference_runs[mode][2]["metrics"])
+    records = read_metrics(paths["metrics"])
+    assert all(r["optim/skipped_steps"] == 0 for r in records), "a finite batch is not skipped"
+    assert got[14] == reference[14] and got[15] != reference[15]
+    # The global clip and the per-tensor clip of c_t bound the step: training carries on as before.
+    assert abs(got[29] - reference[29]) < 0.1, (got[29], reference[29])
+    _all_checkpoint_arrays_finite(paths["checkpoints"])
+
+
+# ------------------------------------------------------------------------------- resume with another optimizer
+
+
+def test_resume_with_a_different_optimizer_is_refused(workdir, pydocs_corpus):
+    run_id = "optimizer-switch"
+    adam = tiny_config(workdir, pydocs_corpus, run_id, {"optimizer": {"type": "adam", "learning_rate": 1e-3},
+                                                        "trainer": {"num_train_steps": 12}})
+    assert run_cli(adam).returncode == 0
+    mars = tiny_config(workdir, pydocs_corpus, run_id, {"trainer": {"num_train_steps": 20}})
+    proc = run_cli(mars)
+    assert proc.returncode == 1, describe_failure(proc)
+    assert "optimizer.type='adam'" in proc.stderr and "optimizer.type='mars-adamw'" in proc.stderr
+    checkpoints = run_paths(workdir, run_id)["checkpoints"]
+    assert [s.state for s in audit_run(str(checkpoints))] == ["verified", "verified"], "nothing quarantined"
+    manifest = json.loads((checkpoints / "step-11" / MANIFEST_NAME).read_text())
+    assert manifest["run_info"]["optimizer"]["type"] == "adam"

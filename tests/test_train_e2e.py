@@ -127,3 +127,36 @@ def test_torn_newest_checkpoint_is_skipped_for_the_previous_one(workdir, pydocs_
     assert (paths["checkpoints"] / "step-29" / MANIFEST_NAME).exists(), "the final checkpoint was rewritten"
     # Steps 20..29 were redone from step-20 with the same data and seed: identical to the uninterrupted run.
     assert losses(paths["metrics"]) == losses(finished_runs["approx"][2]["metrics"])
+
+
+def test_exact_mode_microbatches_its_second_gradient(workdir, pydocs_corpus, finished_runs):
+    """With per_device_parallelism below the batch, both gradients are accumulated over microbatches. The result
+    must match the unmicrobatched exact run up to summation order."""
+    run_id = "exact-microbatched"
+    config = tiny_config(workdir, pydocs_corpus, run_id, {"optimizer": {"exact": True},
+                                                          "trainer": {"per_device_parallelism": 2}})
+    proc = run_cli(config)
+    assert proc.returncode == 0, describe_failure(proc)
+    got, reference = losses(run_paths(workdir, run_id)["metrics"]), losses(finished_runs["exact"][2]["metrics"])
+    assert got.keys() == reference.keys()
+    worst = max(abs(got[s] - reference[s]) / abs(reference[s]) for s in reference)
+    assert 0 < worst < 1e-3, worst  # not bitwise (4 microbatches sum in another order), but the same training
+
+
+def test_wandb_is_offline_unless_configured(workdir, pydocs_corpus, monkeypatch):
+    from levanter.tracker.wandb import WandbConfig
+
+    from levanter_mars.training.config import parse_config
+    from levanter_mars.training.run import wandb_offline_unless_configured
+
+    wandb_config = tiny_config(workdir, pydocs_corpus, "wb", {"trainer": {"tracker": {"type": "wandb"}}})
+    config = parse_config(["--config_path", str(wandb_config)])
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    assert isinstance(config.trainer.tracker, WandbConfig) and config.trainer.tracker.mode is None
+    wandb_offline_unless_configured(config)
+    assert config.trainer.tracker.mode == "offline"
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    online = parse_config(["--config_path", str(wandb_config)])
+    wandb_offline_unless_configured(online)
+    assert online.trainer.tracker.mode is None

@@ -100,6 +100,19 @@ def _set_aside(path: str) -> Optional[str]:
     return destination
 
 
+def wandb_offline_unless_configured(config: TrainLmConfig) -> None:
+    """W&B is online only when configured to be: an explicit ``mode``, ``WANDB_MODE``, or an API key. Otherwise a
+    wandb tracker would fail without credentials (upstream defect 9), so it logs offline and says so."""
+    from levanter.tracker.wandb import WandbConfig
+
+    trackers = config.trainer.tracker if isinstance(config.trainer.tracker, tuple) else (config.trainer.tracker,)
+    configured = os.environ.get("WANDB_MODE") or os.environ.get("WANDB_API_KEY")
+    for tracker in trackers:
+        if isinstance(tracker, WandbConfig) and tracker.mode is None and not configured:
+            tracker.mode = "offline"
+            logger.warning("No WANDB_API_KEY or WANDB_MODE: logging to W&B offline (sync later with `wandb sync`).")
+
+
 def run_dir(config: TrainLmConfig) -> Path:
     return Path(config.trainer.log_dir) / config.trainer.id
 
@@ -114,6 +127,7 @@ def train(config: TrainLmConfig) -> RunSummary:
     if config.embedded_corpus:
         pydocs_corpus.prepare(config.embedded_corpus)
     validation.validate(config)
+    wandb_offline_unless_configured(config)
     data_lib.build_local_caches(config.data)
 
     checkpoint_dir = config.trainer.checkpointer.expanded_path(config.trainer.id)

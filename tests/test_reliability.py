@@ -51,12 +51,16 @@ def _rerun_matches_reference(config, paths, reference_runs, mode="approx", resum
 # ------------------------------------------------------------------------------------------------ kill -9
 
 
+def _run_with_fault(workdir, pydocs_corpus, run_id, fault, expected_returncode, **fault_args):
+    config = tiny_config(workdir, pydocs_corpus, run_id)
+    proc = run_cli(config, prelude=prelude(fault, **fault_args))
+    assert proc.returncode == expected_returncode, describe_failure(proc)
+    return config, run_paths(workdir, run_id), proc
+
+
 def test_kill_during_an_async_checkpoint_write(workdir, pydocs_corpus, reference_runs):
     run_id = "kill-mid-write"
-    config = tiny_config(workdir, pydocs_corpus, run_id)
-    paths = run_paths(workdir, run_id)
-    killed = run_cli(config, prelude=prelude("install_kill_during_checkpoint_write", step=20))
-    assert killed.returncode == -9, describe_failure(killed)
+    config, paths, _ = _run_with_fault(workdir, pydocs_corpus, run_id, "install_kill_during_checkpoint_write", -9, step=20)
     torn = paths["checkpoints"] / "step-20"
     assert torn.exists() and not (torn / "metadata.json").exists(), "the kill landed mid-write"
     rerun = _rerun_matches_reference(config, paths, reference_runs, resumed_from=10)
@@ -66,11 +70,8 @@ def test_kill_during_an_async_checkpoint_write(workdir, pydocs_corpus, reference
 
 def test_kill_between_metadata_and_manifest(workdir, pydocs_corpus, reference_runs):
     """A checkpoint whose arrays and metadata are complete but whose manifest was never written still resumes."""
-    run_id = "kill-before-manifest"
-    config = tiny_config(workdir, pydocs_corpus, run_id)
-    paths = run_paths(workdir, run_id)
-    killed = run_cli(config, prelude=prelude("install_kill_before_manifest", step=20))
-    assert killed.returncode == -9, describe_failure(killed)
+    config, paths, _ = _run_with_fault(workdir, pydocs_corpus, "kill-before-manifest", "install_kill_before_manifest", -9,
+                                       step=20)
     step20 = paths["checkpoints"] / "step-20"
     assert (step20 / "metadata.json").exists() and not (step20 / MANIFEST_NAME).exists()
     assert audit_checkpoint(str(step20)).state == "unverified"
@@ -118,10 +119,8 @@ def test_disk_full_stops_cleanly_and_keeps_the_last_good_checkpoint(
     workdir, pydocs_corpus, reference_runs, asynchronous
 ):
     run_id = f"disk-full-{'async' if asynchronous else 'sync'}"
-    config = tiny_config(workdir, pydocs_corpus, run_id)
-    paths = run_paths(workdir, run_id)
-    failed = run_cli(config, prelude=prelude("install_disk_full_at_checkpoint", step=20, asynchronous=asynchronous))
-    assert failed.returncode == 1, describe_failure(failed)
+    config, paths, failed = _run_with_fault(workdir, pydocs_corpus, run_id, "install_disk_full_at_checkpoint", 1,
+                                            step=20, asynchronous=asynchronous)
     assert "No space left on device" in failed.stderr and "previous checkpoint is intact" in failed.stderr
     assert audit_checkpoint(str(paths["checkpoints"] / "step-10")).state == "verified"
     _rerun_matches_reference(config, paths, reference_runs, resumed_from=10)

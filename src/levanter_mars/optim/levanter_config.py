@@ -19,6 +19,9 @@ from levanter.optim import OptimizerConfig
 from levanter_mars.optim.mars import mars, validate_mars_hyperparameters
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+#: ``mars()`` argument -> config field, where the names differ (Levanter's optimizer configs say beta1, epsilon).
+_FIELD_OF_ARGUMENT = {"variant": "type", "b1": "beta1", "b2": "beta2", "eps": "epsilon", "b1_1d": "beta1_1d",
+                      "b2_1d": "beta2_1d"}
 
 
 @dataclass(frozen=True)
@@ -70,20 +73,7 @@ class MarsOptimizerConfig(OptimizerConfig, abc.ABC):
             weight_decay=self.weight_decay,
             weight_decay_1d=self.weight_decay_1d,
             max_grad_norm=self.max_grad_norm,
-            field_names={
-                "variant": "optimizer.type",
-                "b1": "optimizer.beta1",
-                "b2": "optimizer.beta2",
-                "eps": "optimizer.epsilon",
-                "gamma": "optimizer.gamma",
-                "b1_1d": "optimizer.beta1_1d",
-                "b2_1d": "optimizer.beta2_1d",
-                "learning_rate": "optimizer.learning_rate",
-                "learning_rate_1d": "optimizer.learning_rate_1d",
-                "weight_decay": "optimizer.weight_decay",
-                "weight_decay_1d": "optimizer.weight_decay_1d",
-                "max_grad_norm": "optimizer.max_grad_norm",
-            },
+            field_name=lambda name: f"optimizer.{_FIELD_OF_ARGUMENT.get(name, name)}",
         )
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"optimizer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")

@@ -117,17 +117,17 @@ def validate_mars_hyperparameters(
     weight_decay: Any = 0.0,
     weight_decay_1d: Any = 0.0,
     max_grad_norm: Any = None,
-    field_names: dict[str, str] | None = None,
+    field_name: Callable[[str], str] | None = None,
 ) -> None:
     """Raises ``ValueError`` naming the first hyperparameter that is out of range.
 
-    ``field_names`` maps these argument names to the names the user wrote (e.g. ``{"b1": "optimizer.beta1"}``),
-    so that a config error points at the config field. Schedules and traced values are not checked.
+    ``field_name`` maps these argument names to the names the user wrote (e.g. ``"b1" -> "optimizer.beta1"``), so
+    that a config error points at the config field. Schedules and traced values are not checked.
     """
-    shown = field_names or {}
+    shown = field_name or (lambda name: name)
 
     def fail(name: str, requirement: str, value: Any) -> None:
-        raise ValueError(f"{shown.get(name, name)} {requirement}, got {value!r}")
+        raise ValueError(f"{shown(name)} {requirement}, got {value!r}")
 
     if variant not in VARIANTS:
         fail("variant", f"must be one of {VARIANTS}", variant)

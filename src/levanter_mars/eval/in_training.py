@@ -21,6 +21,7 @@ from levanter.callbacks import Callback, StepInfo
 
 from levanter_mars.eval import report
 from levanter_mars.eval.suite import EvalSuiteConfig
+from levanter_mars.training import upstream
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +53,10 @@ class EvalHarnessHook(Callback):
             return
         self._evaluated.add(step)
         logger.info("Running the eval harness at step %d", step)
-        outputs = levanter.eval_harness._actually_run_eval_harness(
-            self.config, info.eval_model, self.tasks, self.tokenizer, self.EvalBatch, self.axis_resources, self.mp
-        )
+        with upstream.eval_harness_on_mesh():
+            outputs = levanter.eval_harness._actually_run_eval_harness(
+                self.config, info.eval_model, self.tasks, self.tokenizer, self.EvalBatch, self.axis_resources, self.mp
+            )
         if jax.process_index() != 0:
             return
         assert outputs is not None

@@ -22,12 +22,22 @@ from typing import Any, Mapping, Optional, Sequence
 import fsspec
 import numpy as np
 
-from levanter_mars.eval.suite import TableColumn
-
 RESULTS_JSON = "results.json"
 RESULTS_TABLE = "results.md"
 AVERAGE_LABEL = "Avg."
 _PREFERRED_METRICS = ("acc_norm", "acc")
+
+
+@dataclass(frozen=True)
+class TableColumn:
+    """One column of the results table (an eval suite's ``columns``)."""
+
+    task: str
+    """The task (or group, e.g. ``mmlu``) as it appears in lm-eval's results (its alias, if it has one)."""
+    label: Optional[str] = None
+    """The column heading; defaults to the task name."""
+    metric: Optional[str] = None
+    """The lm-eval metric (``acc``, ``acc_norm``); defaults to ``acc_norm`` where the task reports it, else ``acc``."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import posixpath
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -45,6 +46,7 @@ from levanter_mars.training.trainer import MarsTrainerConfig
 logger = logging.getLogger(__name__)
 
 HF_CONFIG_NAME = "config.json"
+_STEP_DIR = re.compile(r"step-(\d+)")
 
 
 @dataclass(frozen=True)
@@ -153,15 +155,26 @@ def _tokenizer_name(config: EvalHarnessMainConfig, train: Optional[TrainLmConfig
     return train.data.tokenizer
 
 
+def _hf_name(path: str) -> tuple[str, Optional[int]]:
+    """An HF export's run name and step: ``<hf_save_path>/<run id>/step-N`` gives (run id, N)."""
+    parent, name = posixpath.split(path.rstrip("/"))
+    match = _STEP_DIR.fullmatch(name)
+    return (posixpath.basename(parent) or name, int(match.group(1))) if match else (name, None)
+
+
 def default_output_dir(
     config: EvalHarnessMainConfig, train: Optional[TrainLmConfig], source: CheckpointSource, suite: str
 ) -> str:
     if config.output_dir:
         return config.output_dir
-    leaf = f"step-{source.step}" if source.step is not None else f"hf-{posixpath.basename(source.path.rstrip('/'))}"
+    if not source.is_hf:
+        assert train is not None
+        return posixpath.join(str(train.trainer.log_dir), stable_run_id(train), "eval", suite, f"step-{source.step}")
+    name, step = _hf_name(source.path)
+    leaf = f"hf-step-{step}" if step is not None else f"hf-{name}"
     if train is not None:
         return posixpath.join(str(train.trainer.log_dir), stable_run_id(train), "eval", suite, leaf)
-    return posixpath.join("eval_results", posixpath.basename(source.path.rstrip("/")), suite)
+    return posixpath.join("eval_results", name, suite, leaf)
 
 
 def _load_model(source: CheckpointSource, model_config, tokenizer, trainer: MarsTrainerConfig):
@@ -210,7 +223,7 @@ def evaluate(config: EvalHarnessMainConfig, *, suite: str = "suite") -> Optional
     trainer = _trainer_config(config, train)
     trainer.initialize()
     logger.info("Evaluating %s on %d device(s)", source.path, jax.device_count())
-    with trainer.use_device_mesh(), hax.axis_mapping(trainer.parameter_axis_mapping):
+    with trainer.use_device_mesh(), hax.axis_mapping(trainer.parameter_axis_mapping), upstream.eval_harness_on_mesh():
         model = inference_mode(_load_model(source, model_config, tokenizer, trainer), True)
         outputs = run_lm_eval_harness(
             config, model, tokenizer, trainer.EvalBatch, axis_resources=trainer.compute_axis_mapping, mp=trainer.mp
@@ -218,11 +231,10 @@ def evaluate(config: EvalHarnessMainConfig, *, suite: str = "suite") -> Optional
     if jax.process_index() != 0:
         return None
     assert outputs is not None
-    run_name = config.run_name or (
-        stable_run_id(train) if train is not None else posixpath.basename(source.path.rstrip("/"))
-    )
+    hf_name, hf_step = _hf_name(source.path) if source.is_hf else (None, None)
+    run_name = config.run_name or (stable_run_id(train) if train is not None else hf_name)
     written = report.write_results(
-        outputs, default_output_dir(config, train, source, suite), run_name=run_name, step=source.step,
-        checkpoint=source.path, columns=config.columns,
+        outputs, default_output_dir(config, train, source, suite), run_name=run_name,
+        step=source.step if not source.is_hf else hf_step, checkpoint=source.path, columns=config.columns,
     )
     return EvalReport(source, written, outputs)

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Optional
 import yaml
 from levanter.eval_harness import LmEvalHarnessConfig
 
+from levanter_mars.eval.report import TableColumn
 from levanter_mars.training import upstream
 
 _YAML_SUFFIXES = (".yaml", ".yml")
@@ -33,18 +34,6 @@ class TaskSpecError(ValueError):
 
 class EvalDatasetError(RuntimeError):
     """A task's data cannot be loaded; the message names the task and says how to make the data available."""
-
-
-@dataclass(frozen=True)
-class TableColumn:
-    """One column of the results table."""
-
-    task: str
-    """The task (or group, e.g. ``mmlu``) as it appears in lm-eval's results (its alias, if it has one)."""
-    label: Optional[str] = None
-    """The column heading; defaults to the task name."""
-    metric: Optional[str] = None
-    """The lm-eval metric (``acc``, ``acc_norm``); defaults to ``acc_norm`` where the task reports it, else ``acc``."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +57,16 @@ class EvalSuiteConfig(LmEvalHarnessConfig):
                 return LmEvalHarnessConfig.to_task_dict(resolved)
             except ValueError as e:
                 raise _dataset_error(e) or e
+
+    def _get_task_and_rename(self, manager, our_name, task):
+        # lm-eval pops "task" from a dict entry while loading it, so Levanter's error would not name the task.
+        try:
+            return super()._get_task_and_rename(manager, our_name, task)
+        except Exception as e:  # noqa: BLE001 - reported with the task's name, cause attached
+            raise ValueError(f"{_FAILED_TO_LOAD}{our_name}") from e
+
+
+_FAILED_TO_LOAD = "Failed to load task "
 
 
 def _unique(items: Iterable[str]) -> list[str]:
@@ -128,7 +127,8 @@ def _causes(error: BaseException) -> list[BaseException]:
 def _dataset_error(error: ValueError) -> Optional[EvalDatasetError]:
     """Levanter reports every task-loading failure as ``ValueError("Failed to load task ...")``: name the cause."""
     chain = _causes(error)
-    task = str(error).removeprefix("Failed to load task ").strip()
+    names = [str(e).removeprefix(_FAILED_TO_LOAD) for e in chain if str(e).startswith(_FAILED_TO_LOAD)]
+    task = names[-1] if names else str(error)
     offline = [e for e in chain if isinstance(e, ConnectionError) or "not cached" in str(e)]
     missing_file = [e for e in chain if isinstance(e, FileNotFoundError) and "Unable to find" in str(e)]
     if offline:

@@ -30,6 +30,9 @@ Defects that need no code here (only a pin or a default) are listed too, with wh
     again when ``epoch > 0``), so Levanter's eval-harness hook evaluates the final step twice; it also logs with
     ``step=None`` and keeps the results JSON only as a tracker artifact in a temporary file:
     :func:`use_eval_harness_hook` installs :class:`levanter_mars.eval.in_training.EvalHarnessHook` instead.
+13. The eval harness fails on a mesh of more than one device in one process ("Received incompatible devices for
+    jitted computation"): ``_LmEvalHarnessWorker.dispatch_loglikelihood`` drops the placed copy of the batch that
+    ``_send_payload`` returns and passes the batch as packed, committed to device 0: :func:`eval_harness_on_mesh`.
 """
 
 from __future__ import annotations
@@ -67,12 +70,24 @@ def forward_force_to_checkpointer(hooks: list) -> Checkpointer | None:
 
 
 def offline_gpt2_converter(tokenizer: Any) -> Callable[..., Any]:
-    """Defect 3. A ``Gpt2Config.hf_checkpoint_converter`` that builds the HF config locally and uses ``tokenizer``."""
+    """Defect 3. A ``Gpt2Config.hf_checkpoint_converter`` that builds the HF config locally and uses ``tokenizer``.
+
+    Saving (``hf_save_path``) copies ``architectures`` from the reference checkpoint's config; with no reference,
+    the stock converter raises, so the offline one supplies GPT-2's own."""
+    import functools
+
     import transformers
     from levanter.compat.hf_checkpoints import HFCheckpointConverter
 
+    class OfflineHFCheckpointConverter(HFCheckpointConverter):
+        @functools.cached_property
+        def default_hf_config(self):
+            if self.reference_checkpoint is None:
+                return transformers.GPT2Config(architectures=["GPT2LMHeadModel"])
+            return self.hf_config_from_hf_checkpoint(None)
+
     def hf_checkpoint_converter(self, ref_checkpoint: str | None = None):
-        return HFCheckpointConverter(
+        return OfflineHFCheckpointConverter(
             self.__class__,
             reference_checkpoint=ref_checkpoint,
             HfConfigClass=transformers.GPT2Config,
@@ -150,4 +165,20 @@ def use_eval_harness_hook(hook_factory: Callable[..., Any]) -> Iterator[None]:
     import levanter.eval_harness
 
     with patched(levanter.eval_harness, lm_eval_harness=hook_factory):
+        yield
+
+
+@contextlib.contextmanager
+def eval_harness_on_mesh() -> Iterator[None]:
+    """Defect 13. Places each packed eval batch on the mesh (batch axis over the data axis) before the jitted
+    log-likelihood, as the workers' copy already is. Single- and multi-process alike."""
+    import haliax as hax
+    from levanter.eval_harness import _LmEvalHarnessWorker, _Message
+
+    def dispatch_loglikelihood(self, packed_request):
+        self._send_message(_Message.LOGLIKELIHOOD)
+        packed_request = hax.shard(self._send_payload(packed_request), self.axis_resources)
+        return self.process_loglikelihood(packed_request)
+
+    with patched(_LmEvalHarnessWorker, dispatch_loglikelihood=dispatch_loglikelihood):
         yield

@@ -85,6 +85,23 @@ def test_the_offline_suite_loads_its_local_task_by_path(monkeypatch):
     assert sorted({doc["answer"] for doc in docs}) == [0, 1, 2, 3]
 
 
+def test_a_local_task_by_name_loads_without_indexing_lm_evals_builtins(monkeypatch):
+    import lm_eval.tasks
+
+    monkeypatch.chdir(REPO)
+    calls = []
+    original = lm_eval.tasks.TaskManager.initialize_tasks
+
+    def recording(self, include_path=None, include_defaults=True):
+        calls.append((include_path, include_defaults))
+        return original(self, include_path=include_path, include_defaults=include_defaults)
+
+    monkeypatch.setattr(lm_eval.tasks.TaskManager, "initialize_tasks", recording)
+    tasks = EvalSuiteConfig(task_spec=["pydocs_mc"], include_path=[str(LOCAL_TASKS)]).to_task_dict()
+    assert list(tasks) == ["pydocs_mc"]
+    assert calls == [([str(LOCAL_TASKS)], False)]
+
+
 def test_task_yaml_paths_resolve_to_their_names_and_directories(tmp_path):
     spec, directories = resolve_task_spec([str(LOCAL_TASK), {"task": str(LOCAL_TASK), "num_fewshot": 0}, "hellaswag"])
     assert spec == ["pydocs_mc", {"task": "pydocs_mc", "num_fewshot": 0}, "hellaswag"]

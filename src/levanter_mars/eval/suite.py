@@ -47,12 +47,13 @@ class EvalSuiteConfig(LmEvalHarnessConfig):
     def to_task_dict(self) -> dict:
         """Levanter's ``to_task_dict``, with local task YAMLs resolvable (upstream defect 11) and a clear
         :class:`EvalDatasetError` when a task's data cannot be loaded."""
-        original = self.to_task_spec()
-        spec, directories = resolve_task_spec(original)
-        # A name may be an lm-eval built-in; when every entry is a path, indexing the built-ins (5 s) is skipped.
-        only_paths = all(is_task_yaml_path(_task_name(entry)) for entry in original)
+        spec, directories = resolve_task_spec(self.to_task_spec())
+        directories = _unique([*self.include_path, *directories])
+        # Indexing lm-eval's built-in tasks takes 5 s: skipped when every task is defined locally.
+        local = local_task_names(directories)
+        needs_builtins = any(_task_name(entry) not in local for entry in spec)
         resolved = dataclasses.replace(self, task_spec=spec)
-        with upstream.lm_eval_task_manager(_unique([*self.include_path, *directories]), include_defaults=not only_paths):
+        with upstream.lm_eval_task_manager(directories, include_defaults=needs_builtins):
             try:
                 return LmEvalHarnessConfig.to_task_dict(resolved)
             except ValueError as e:
@@ -99,6 +100,20 @@ class _PermissiveLoader(yaml.SafeLoader):
 
 
 _PermissiveLoader.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+
+def local_task_names(directories: Iterable[str]) -> set[str]:
+    """The task and group names defined by the YAML files under ``directories``."""
+    names = set()
+    for directory in directories:
+        for root, _, files in os.walk(directory):
+            for file in files:
+                if file.endswith(_YAML_SUFFIXES):
+                    try:
+                        names.add(task_name_of_yaml(os.path.join(root, file)))
+                    except (TaskSpecError, yaml.YAMLError):
+                        pass  # templates and other non-task YAMLs
+    return names
 
 
 def resolve_task_spec(entries: list) -> tuple[list, list[str]]:

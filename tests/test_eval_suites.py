@@ -135,3 +135,29 @@ def test_a_training_yaml_includes_a_suite_relative_to_itself(tmp_path):
     # On the command line, draccus' `include` keyword takes a path relative to the working directory.
     from_cli = parse_config(["--config_path", str(TINY_CONFIG), "--eval_harness", f"include {OFFLINE_SUITE}"])
     assert from_cli.eval_harness == _suite(OFFLINE_SUITE)
+
+
+def test_standalone_cli_reports_bad_input_naming_the_field_or_file(tmp_path, capsys):
+    import json
+
+    from levanter_mars.main.eval_harness import cli
+
+    suite = ["--config_path", str(OFFLINE_SUITE)]
+    assert cli(["--config_path", str(tmp_path / "missing.yaml")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert cli([*suite, "--checkpoint_path", str(tmp_path / "nowhere")]) == 1
+    assert "checkpoint_path: no such directory" in capsys.readouterr().err
+    assert cli(suite) == 2
+    assert "checkpoint_path: give a checkpoint, or train_config_path" in capsys.readouterr().err
+
+    step = tmp_path / "run" / "step-3"
+    step.mkdir(parents=True)
+    (step / "metadata.json").write_text(json.dumps({"step": 3, "timestamp": "2026-01-01T00:00:00"}))
+    assert cli([*suite, "--checkpoint_path", str(step)]) == 2  # arrays only: the model config is unknown
+    assert "train_config_path" in capsys.readouterr().err
+    (step / "levanter_mars_manifest.json").write_text(json.dumps({"files": {"model/x": {"size": 1, "crc32c": "0"}}}))
+    assert cli([*suite, "--checkpoint_path", str(step.parent)]) == 1
+    error = capsys.readouterr().err
+    assert "holds no complete checkpoint" in error and "corrupt (missing file model/x)" in error, error
+    assert cli([*suite, "--checkpoint_path", str(step), "--train_config_path", str(TINY_CONFIG)]) == 1
+    assert "corrupt (missing file model/x)" in capsys.readouterr().err

@@ -75,24 +75,46 @@ def test_defect_2_take_train_step_passes_loss_to_the_optimizer():
     assert "loss" in received and "obj_fn" in received, received
 
 
+def _word_level_tokenizer():
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "<eos>": 1}, unk_token="<eos>")), eos_token="<eos>"
+    )
+
+
 def test_defect_3_gpt2_converter_needs_the_hub_and_the_workaround_does_not():
     from levanter.models.gpt2 import Gpt2Config
-    from transformers import PreTrainedTokenizerFast
-    from tokenizers import Tokenizer, models
 
     source = inspect.getsource(Gpt2Config.hf_checkpoint_converter)
     assert 'reference_checkpoint="gpt2"' in source
     with pytest.raises(Exception):
         Gpt2Config().hf_checkpoint_converter()  # offline (HF_HUB_OFFLINE=1 and no network in tests)
 
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "<eos>": 1}, unk_token="<eos>")), eos_token="<eos>"
-    )
+    tokenizer = _word_level_tokenizer()
     with upstream.gpt2_without_hub(tokenizer):
         converter = Gpt2Config(hidden_dim=32, num_heads=2, num_layers=1).hf_checkpoint_converter()
     assert converter.reference_checkpoint is None
     assert converter.tokenizer is tokenizer
     assert Gpt2Config.hf_checkpoint_converter.__qualname__.startswith("Gpt2Config")  # restored
+
+
+def test_defect_3_an_hf_export_needs_the_reference_config_and_the_workaround_supplies_it():
+    from levanter.compat.hf_checkpoints import HFCheckpointConverter
+    from levanter.models.gpt2 import Gpt2Config
+    import transformers
+
+    tokenizer = _word_level_tokenizer()
+    # What saving (hf_save_path) reads: the reference checkpoint's config, for "architectures".
+    stock = HFCheckpointConverter(
+        Gpt2Config, reference_checkpoint=None, HfConfigClass=transformers.GPT2Config, tokenizer=tokenizer
+    )
+    with pytest.raises(ValueError, match="Must provide a reference checkpoint"):
+        stock.default_hf_config
+    with upstream.gpt2_without_hub(tokenizer):
+        offline = Gpt2Config(hidden_dim=32, num_heads=2, num_layers=1).hf_checkpoint_converter()
+    assert offline.default_hf_config.architectures == ["GPT2LMHeadModel"]
 
 
 def test_defect_4_train_lm_hardcodes_the_trainer_class():

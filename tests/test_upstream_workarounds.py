@@ -75,24 +75,46 @@ def test_defect_2_take_train_step_passes_loss_to_the_optimizer():
     assert "loss" in received and "obj_fn" in received, received
 
 
+def _word_level_tokenizer():
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "<eos>": 1}, unk_token="<eos>")), eos_token="<eos>"
+    )
+
+
 def test_defect_3_gpt2_converter_needs_the_hub_and_the_workaround_does_not():
     from levanter.models.gpt2 import Gpt2Config
-    from transformers import PreTrainedTokenizerFast
-    from tokenizers import Tokenizer, models
 
     source = inspect.getsource(Gpt2Config.hf_checkpoint_converter)
     assert 'reference_checkpoint="gpt2"' in source
     with pytest.raises(Exception):
         Gpt2Config().hf_checkpoint_converter()  # offline (HF_HUB_OFFLINE=1 and no network in tests)
 
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "<eos>": 1}, unk_token="<eos>")), eos_token="<eos>"
-    )
+    tokenizer = _word_level_tokenizer()
     with upstream.gpt2_without_hub(tokenizer):
         converter = Gpt2Config(hidden_dim=32, num_heads=2, num_layers=1).hf_checkpoint_converter()
     assert converter.reference_checkpoint is None
     assert converter.tokenizer is tokenizer
     assert Gpt2Config.hf_checkpoint_converter.__qualname__.startswith("Gpt2Config")  # restored
+
+
+def test_defect_3_an_hf_export_needs_the_reference_config_and_the_workaround_supplies_it():
+    from levanter.compat.hf_checkpoints import HFCheckpointConverter
+    from levanter.models.gpt2 import Gpt2Config
+    import transformers
+
+    tokenizer = _word_level_tokenizer()
+    # What saving (hf_save_path) reads: the reference checkpoint's config, for "architectures".
+    stock = HFCheckpointConverter(
+        Gpt2Config, reference_checkpoint=None, HfConfigClass=transformers.GPT2Config, tokenizer=tokenizer
+    )
+    with pytest.raises(ValueError, match="Must provide a reference checkpoint"):
+        stock.default_hf_config
+    with upstream.gpt2_without_hub(tokenizer):
+        offline = Gpt2Config(hidden_dim=32, num_heads=2, num_layers=1).hf_checkpoint_converter()
+    assert offline.default_hf_config.architectures == ["GPT2LMHeadModel"]
 
 
 def test_defect_4_train_lm_hardcodes_the_trainer_class():
@@ -164,3 +186,101 @@ def test_defect_9_default_tracker_is_online_wandb_and_ours_is_offline():
     upstream_tracker = TrainerConfig().tracker
     assert isinstance(upstream_tracker, WandbConfig) and upstream_tracker.mode is None
     assert MarsTrainerConfig().tracker.mode == "offline"
+
+
+LOCAL_TASK = __import__("pathlib").Path(__file__).parent / "data" / "lm_eval_tasks" / "pydocs_mc.yaml"
+REPO_ROOT = LOCAL_TASK.parents[3]
+
+
+def test_defect_11_levanter_cannot_load_a_local_task_yaml(monkeypatch):
+    from levanter.eval_harness import LmEvalHarnessConfig
+
+    monkeypatch.chdir(REPO_ROOT)  # the task's data_files are relative to the working directory
+    assert "tasks.TaskManager()" in inspect.getsource(LmEvalHarnessConfig.to_task_dict)
+    with pytest.raises(ValueError, match="Failed to load task"):
+        LmEvalHarnessConfig(task_spec=[str(LOCAL_TASK)]).to_task_dict()
+
+
+def test_defect_11_workaround_indexes_local_task_directories(monkeypatch):
+    import lm_eval.tasks
+    from levanter.eval_harness import LmEvalHarnessConfig
+
+    monkeypatch.chdir(REPO_ROOT)
+    original = lm_eval.tasks.TaskManager
+    with upstream.lm_eval_task_manager([str(LOCAL_TASK.parent)], include_defaults=False):
+        tasks = LmEvalHarnessConfig(task_spec=["pydocs_mc"]).to_task_dict()
+    assert list(tasks) == ["pydocs_mc"]
+    assert len(tasks["pydocs_mc"].test_docs()) == 48
+    assert lm_eval.tasks.TaskManager is original
+
+
+def test_defect_12_final_hooks_are_forced_twice_and_the_harness_hook_logs_without_a_step():
+    import levanter.eval_harness
+    import levanter.main.train_lm as train_lm
+    from levanter.trainer import Trainer
+
+    assert "self.run_hooks(info, force=True)" in inspect.getsource(Trainer.train)
+    main_source = inspect.getsource(train_lm.main)
+    assert "trainer.train(state, train_loader)" in main_source
+    assert "trainer.run_hooks(last_info, force=True)" in main_source
+    # The upstream hook itself has no memory of the steps it evaluated, and logs its results with step=None.
+    hook_source = inspect.getsource(levanter.eval_harness.lm_eval_harness)
+    assert "if step.step == 0 and not force" in hook_source and "_evaluated" not in hook_source
+    assert "step=None" in inspect.getsource(levanter.eval_harness.log_report_to_tracker)
+
+
+def test_defect_12_workaround_evaluates_each_step_once(monkeypatch, tmp_path):
+    import levanter.eval_harness
+
+    from levanter_mars.eval.in_training import EvalHarnessHook, results_dir
+    from levanter_mars.eval.suite import EvalSuiteConfig
+
+    monkeypatch.chdir(REPO_ROOT)
+    calls = []
+
+    def evaluate(config, model, tasks, *args):
+        calls.append(model)
+        return {"results": {"pydocs_mc": {"acc,none": 0.5}}, "n-samples": {"pydocs_mc": {"effective": 48}}}
+
+    monkeypatch.setattr(levanter.eval_harness, "_actually_run_eval_harness", evaluate)
+
+    class Info:
+        def __init__(self, step):
+            self.step, self.eval_model = step, f"model@{step}"
+
+    sentinel = object()
+    with upstream.use_eval_harness_hook(sentinel):
+        assert levanter.eval_harness.lm_eval_harness is sentinel
+    assert levanter.eval_harness.lm_eval_harness is not sentinel
+
+    hook = EvalHarnessHook(
+        EvalSuiteConfig(task_spec=[str(LOCAL_TASK)]), None, None, {}, None, run_dir=str(tmp_path), run_name="r"
+    )
+    from levanter.tracker import NoopTracker, current_tracker
+
+    with current_tracker(NoopTracker()):
+        for step, force in [(0, False), (10, False), (19, False), (19, True), (19, True)]:
+            hook.on_step(Info(step), force=force)
+    assert calls == ["model@10", "model@19"]
+    assert (tmp_path / "eval" / "in_training" / "step-19" / "results.md").exists()
+    assert results_dir(str(tmp_path), 10).endswith("eval/in_training/step-10")
+
+
+@pytest.mark.multidevice
+def test_defect_13_eval_harness_fails_on_a_multi_device_mesh_and_the_workaround_places_the_batch():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    pythonpath = os.pathsep.join([str(REPO_ROOT / "src"), str(REPO_ROOT)])
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu", PYTHONPATH=pythonpath)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.helpers.multidevice_eval_dispatch"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "incompatible devices" in result["without"], result
+    assert result["with"]["finite"] and result["with"]["segments"].count(0) == 2, result

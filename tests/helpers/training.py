@@ -72,17 +72,21 @@ def cli_command(config_path: Path, *extra: str, prelude: str = "") -> list[str]:
     return [sys.executable, "-c", code, "--config_path", str(config_path), *extra]
 
 
-def _env() -> dict[str, str]:
+def _env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    env.update(extra or {})
     return env
 
 
-def run_cli(config_path: Path, *extra: str, prelude: str = "", timeout: float = 600) -> subprocess.CompletedProcess:
-    """Runs the training CLI to completion. ``prelude`` is Python run first (fault injection in tests)."""
+def run_cli(
+    config_path: Path, *extra: str, prelude: str = "", timeout: float = 600, env: Optional[dict[str, str]] = None
+) -> subprocess.CompletedProcess:
+    """Runs the training CLI to completion. ``prelude`` is Python run first (fault injection in tests); ``env``
+    adds environment variables (e.g. simulated devices)."""
     return subprocess.run(
         cli_command(config_path, *extra, prelude=prelude),
-        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout,
+        cwd=REPO, env=_env(env), capture_output=True, text=True, timeout=timeout,
     )
 
 

@@ -18,6 +18,7 @@ from levanter.models.lm_model import LmConfig
 from levanter.optim import OptimizerConfig
 
 import levanter_mars.optim.levanter_config  # noqa: F401  (registers mars-adamw, mars-lion, mars-shampoo)
+from levanter_mars.eval.suite import EvalSuiteConfig
 from levanter_mars.optim.levanter_config import MarsAdamWConfig
 from levanter_mars.training.trainer import MarsTrainerConfig
 
@@ -31,6 +32,8 @@ class TrainLmConfig(UpstreamTrainLmConfig):
     trainer: MarsTrainerConfig = field(default_factory=MarsTrainerConfig)
     model: LmConfig = field(default_factory=Gpt2Config)
     optimizer: OptimizerConfig = field(default_factory=MarsAdamWConfig)
+    eval_harness: Optional[EvalSuiteConfig] = None
+    """An eval suite (e.g. ``!include eval/quick.yaml``), run every ``eval_harness_steps`` and at the end."""
 
     embedded_corpus: Optional[str] = None
     """If set, build the offline Python-docs corpus and its tokenizer in this directory before training (once)."""

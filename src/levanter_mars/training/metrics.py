@@ -94,7 +94,10 @@ class JsonlMetricsTracker(Tracker):
 
     def log(self, metrics: Mapping[str, Any], *, step: Optional[int], commit: Optional[bool] = None):
         if step is None:
-            return
+            # Like W&B: the current step. Levanter logs eval-harness results this way.
+            step = self._pending_step if self._pending_step is not None else (self._last_record or {}).get("step")
+            if step is None:
+                return
         step = int(step)
         if self._pending_step is not None and step != self._pending_step:
             self._write_pending()

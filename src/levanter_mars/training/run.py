@@ -18,6 +18,7 @@ import draccus
 import levanter.main.train_lm
 from levanter.optim import OptimizerConfig
 
+from levanter_mars.eval import in_training
 from levanter_mars.training import checkpoints
 from levanter_mars.training import data as data_lib
 from levanter_mars.training import pydocs_corpus, upstream, validation
@@ -141,7 +142,12 @@ def train(config: TrainLmConfig) -> RunSummary:
             checkpoints.check_compatible(newest, run_info)  # before anything is built or compiled
 
     trainer_factory = functools.partial(MarsTrainer, run_info=run_info)
-    with upstream.use_trainer_class(trainer_factory), upstream.gpt2_without_hub(config.data.the_tokenizer):
+    eval_hook_factory = in_training.hook_factory(run_dir=str(run_dir(config)), run_name=config.trainer.id)
+    with (
+        upstream.use_trainer_class(trainer_factory),
+        upstream.gpt2_without_hub(config.data.the_tokenizer),
+        upstream.use_eval_harness_hook(eval_hook_factory),
+    ):
         levanter.main.train_lm.main(config)
     return summarize(config)
 

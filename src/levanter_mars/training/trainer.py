@@ -152,6 +152,10 @@ class MarsTrainerConfig(TrainerConfig):
         return Path(self.log_dir) / self.id
 
 
+# One compiled program: dispatched op by op, the per-leaf reductions of a sharded state are dozens of small
+# collective programs in flight at once, which deadlock XLA:CPU's multi-device rendezvous (seen with 8 simulated
+# devices: "Expected 8 threads to join the rendezvous, but only 7 of them arrived", then abort).
+@eqx.filter_jit
 def _all_finite(tree: Any) -> jax.Array:
     leaves = [x for x in jax.tree.leaves(tree) if eqx.is_inexact_array(x)]
     if not leaves:

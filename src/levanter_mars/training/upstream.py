@@ -23,6 +23,16 @@ Defects that need no code here (only a pin or a default) are listed too, with wh
 10. ``DataLoaderIterator`` starts a prefetch thread at construction and has no public way to stop it; if the
     process exits while it is still reading (a run resumed when already complete, or stopped by an error), the
     interpreter aborts (``terminate called ...``, exit 134): :func:`stop_data_loader`.
+11. ``LmEvalHarnessConfig.to_task_dict`` builds ``lm_eval.tasks.TaskManager()`` with no ``include_path``, and
+    lm-eval 0.4.11 does not accept a task YAML path as a task name, so a local task (a YAML file, or a directory of
+    them) cannot be evaluated: :func:`lm_eval_task_manager`.
+12. At the end of ``train_lm.main`` the hooks are forced twice (``Trainer.train`` forces them, then ``main`` does
+    again when ``epoch > 0``), so Levanter's eval-harness hook evaluates the final step twice; it also logs with
+    ``step=None`` and keeps the results JSON only as a tracker artifact in a temporary file:
+    :func:`use_eval_harness_hook` installs :class:`levanter_mars.eval.in_training.EvalHarnessHook` instead.
+13. The eval harness fails on a mesh of more than one device in one process ("Received incompatible devices for
+    jitted computation"): ``_LmEvalHarnessWorker.dispatch_loglikelihood`` drops the placed copy of the batch that
+    ``_send_payload`` returns and passes the batch as packed, committed to device 0: :func:`eval_harness_on_mesh`.
 """
 
 from __future__ import annotations
@@ -60,12 +70,24 @@ def forward_force_to_checkpointer(hooks: list) -> Checkpointer | None:
 
 
 def offline_gpt2_converter(tokenizer: Any) -> Callable[..., Any]:
-    """Defect 3. A ``Gpt2Config.hf_checkpoint_converter`` that builds the HF config locally and uses ``tokenizer``."""
+    """Defect 3. A ``Gpt2Config.hf_checkpoint_converter`` that builds the HF config locally and uses ``tokenizer``.
+
+    Saving (``hf_save_path``) copies ``architectures`` from the reference checkpoint's config; with no reference,
+    the stock converter raises, so the offline one supplies GPT-2's own."""
+    import functools
+
     import transformers
     from levanter.compat.hf_checkpoints import HFCheckpointConverter
 
+    class OfflineHFCheckpointConverter(HFCheckpointConverter):
+        @functools.cached_property
+        def default_hf_config(self):
+            if self.reference_checkpoint is None:
+                return transformers.GPT2Config(architectures=["GPT2LMHeadModel"])
+            return self.hf_config_from_hf_checkpoint(None)
+
     def hf_checkpoint_converter(self, ref_checkpoint: str | None = None):
-        return HFCheckpointConverter(
+        return OfflineHFCheckpointConverter(
             self.__class__,
             reference_checkpoint=ref_checkpoint,
             HfConfigClass=transformers.GPT2Config,
@@ -115,4 +137,48 @@ def gpt2_without_hub(tokenizer: Any) -> Iterator[None]:
     from levanter.models.gpt2 import Gpt2Config
 
     with patched(Gpt2Config, hf_checkpoint_converter=offline_gpt2_converter(tokenizer)):
+        yield
+
+
+@contextlib.contextmanager
+def lm_eval_task_manager(include_path: list[str], include_defaults: bool = True) -> Iterator[None]:
+    """Defect 11. Every ``lm_eval.tasks.TaskManager()`` made meanwhile also indexes the task YAMLs under
+    ``include_path``; with ``include_defaults=False`` it skips lm-eval's ~14,000 built-in tasks (5 s to index)."""
+    import lm_eval.tasks
+
+    base = lm_eval.tasks.TaskManager
+
+    class TaskManagerWithLocalTasks(base):
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("include_path", list(include_path) or None)
+            kwargs.setdefault("include_defaults", include_defaults)
+            super().__init__(*args, **kwargs)
+
+    with patched(lm_eval.tasks, TaskManager=TaskManagerWithLocalTasks):
+        yield
+
+
+@contextlib.contextmanager
+def use_eval_harness_hook(hook_factory: Callable[..., Any]) -> Iterator[None]:
+    """Defect 12. Makes ``train_lm.main`` build its eval-harness hook with ``hook_factory(config, tokenizer,
+    EvalBatch, axis_resources, mp)``, the signature of ``levanter.eval_harness.lm_eval_harness``."""
+    import levanter.eval_harness
+
+    with patched(levanter.eval_harness, lm_eval_harness=hook_factory):
+        yield
+
+
+@contextlib.contextmanager
+def eval_harness_on_mesh() -> Iterator[None]:
+    """Defect 13. Places each packed eval batch on the mesh (batch axis over the data axis) before the jitted
+    log-likelihood, as the workers' copy already is. Single- and multi-process alike."""
+    import haliax as hax
+    from levanter.eval_harness import _LmEvalHarnessWorker, _Message
+
+    def dispatch_loglikelihood(self, packed_request):
+        self._send_message(_Message.LOGLIKELIHOOD)
+        packed_request = hax.shard(self._send_payload(packed_request), self.axis_resources)
+        return self.process_loglikelihood(packed_request)
+
+    with patched(_LmEvalHarnessWorker, dispatch_loglikelihood=dispatch_loglikelihood):
         yield

@@ -1,0 +1,1 @@
+"""Downstream evaluation with lm-evaluation-harness: suites, the in-training hook, standalone runs, tables."""

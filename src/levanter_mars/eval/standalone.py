@@ -1,0 +1,240 @@
+"""Evaluating a checkpoint on a suite, outside training.
+
+What is evaluated:
+
+* a levanter-mars/Levanter checkpoint ``.../<run id>/step-N`` (only its ``model/`` is read);
+* a run's checkpoint directory ``.../<run id>``: its newest complete checkpoint (the one training would resume from;
+  incomplete or corrupt ones are skipped, see :mod:`levanter_mars.training.checkpoints`);
+* nothing given: the run checkpoint directory named by the training config;
+* an exported HF checkpoint directory (``config.json`` + weights, e.g. from ``hf_save_path``).
+
+A Levanter checkpoint holds arrays only, so the model config, tokenizer, mixed precision, mesh and eval batch size
+come from the run's training YAML (``train_config_path``): the same values as the in-training evaluation, which is
+what makes the two agree exactly on the same checkpoint. An HF checkpoint brings its own model config and tokenizer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import posixpath
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+import equinox as eqx
+import fsspec
+import haliax as hax
+import jax
+from haliax.partitioning import round_axis_for_partitioning
+from levanter.checkpoint import load_checkpoint
+from levanter.compat.hf_checkpoints import load_tokenizer
+from levanter.distributed import RayConfig
+from levanter.eval_harness import run_lm_eval_harness
+from levanter.models.gpt2 import Gpt2Config
+from levanter.tracker import NoopConfig
+from levanter.utils.tree_utils import inference_mode
+
+from levanter_mars.eval import report
+from levanter_mars.eval.suite import EvalSuiteConfig
+from levanter_mars.training import upstream
+from levanter_mars.training.checkpoints import METADATA_NAME, CheckpointError, audit_checkpoint, audit_run
+from levanter_mars.training.config import ConfigError, TrainLmConfig, parse_config
+from levanter_mars.training.run import stable_run_id
+from levanter_mars.training.trainer import MarsTrainerConfig
+
+logger = logging.getLogger(__name__)
+
+HF_CONFIG_NAME = "config.json"
+_STEP_DIR = re.compile(r"step-(\d+)")
+
+
+@dataclass(frozen=True)
+class EvalHarnessMainConfig(EvalSuiteConfig):
+    """An eval suite (the fields of ``config/eval/*.yaml``) plus what to evaluate and where results go."""
+
+    checkpoint_path: Optional[str] = None
+    """A checkpoint (``.../step-N``), a run's checkpoint directory (newest complete checkpoint), or an exported HF
+    checkpoint directory. Default: the run checkpoint directory of ``train_config_path``."""
+    train_config_path: Optional[str] = None
+    """The run's training YAML: model, tokenizer, mixed precision, mesh and eval batch size. Required for Levanter
+    checkpoints; optional for HF checkpoints."""
+    checkpoint_is_hf: Optional[bool] = None
+    """Whether ``checkpoint_path`` is an HF checkpoint. Default: yes if it has config.json and no metadata.json."""
+    tokenizer: Optional[str] = None
+    """Overrides the tokenizer (default: the HF checkpoint's own, else ``data.tokenizer`` of the training YAML)."""
+    output_dir: Optional[str] = None
+    """Default: ``<log_dir>/<run id>/eval/<suite>/step-N`` (or ``.../hf-<name>``); ``eval_results/<name>/<suite>``
+    for an HF checkpoint without a training YAML."""
+    run_name: Optional[str] = None
+    """The row label in the results table. Default: the run id (or the HF checkpoint's directory name)."""
+    model_axis_size: Optional[int] = None
+    """Overrides ``trainer.model_axis_size`` (e.g. 1 to evaluate on fewer devices than training used)."""
+    per_device_eval_parallelism: Optional[int] = None
+    """Overrides ``trainer.per_device_eval_parallelism`` (eval batch = this x data-parallel devices)."""
+    verify_checksums: bool = True
+    """Verify the checkpoint's files against its manifest before reading it."""
+    download_only: bool = False
+    """Only load the suite's tasks (downloading their datasets into the HF datasets cache), then exit."""
+
+
+@dataclass(frozen=True)
+class CheckpointSource:
+    path: str
+    step: Optional[int]
+    is_hf: bool
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    source: CheckpointSource
+    written: report.WrittenResults
+    outputs: dict
+
+
+def load_train_config(path: str) -> TrainLmConfig:
+    try:
+        return parse_config(["--config_path", path])
+    except ConfigError as e:
+        raise ConfigError(f"train_config_path {path!r}: {e}") from e
+
+
+def _is_hf_directory(path: str) -> bool:
+    fs, plain = fsspec.core.url_to_fs(path)
+    return fs.exists(posixpath.join(plain, HF_CONFIG_NAME)) and not fs.exists(posixpath.join(plain, METADATA_NAME))
+
+
+def resolve_checkpoint(path: str, *, is_hf: Optional[bool] = None, verify_checksums: bool = True) -> CheckpointSource:
+    """The checkpoint to evaluate: ``path`` itself, or the newest complete checkpoint under it."""
+    fs, plain = fsspec.core.url_to_fs(path)
+    if not fs.isdir(plain):
+        raise CheckpointError(f"checkpoint_path: no such directory {path!r}")
+    if is_hf if is_hf is not None else _is_hf_directory(path):
+        if not fs.exists(posixpath.join(plain, HF_CONFIG_NAME)):
+            raise CheckpointError(f"checkpoint_path {path!r} is not an HF checkpoint: it has no {HF_CONFIG_NAME}")
+        return CheckpointSource(path, None, True)
+
+    if fs.exists(posixpath.join(plain, METADATA_NAME)):
+        candidates = [path]
+    else:
+        statuses = audit_run(path, verify_checksums=False)
+        candidates = [s.path for s in statuses if s.usable]
+        if not candidates:
+            found = "; ".join(f"{s.path}: {s.state} ({s.reason})" for s in statuses) or "no step-N directories"
+            raise CheckpointError(f"checkpoint_path {path!r} holds no complete checkpoint ({found})")
+    problems = []
+    for candidate in candidates:
+        status = audit_checkpoint(candidate, verify_checksums=verify_checksums)
+        if status.usable:
+            if problems:
+                logger.warning("Skipped newer checkpoints: %s", "; ".join(problems))
+            return CheckpointSource(candidate, status.step, False)
+        problems.append(f"{candidate}: {status.state} ({status.reason})")
+    raise CheckpointError(f"no usable checkpoint: {'; '.join(problems)}")
+
+
+def _trainer_config(config: EvalHarnessMainConfig, train: Optional[TrainLmConfig]) -> MarsTrainerConfig:
+    """The training run's trainer settings, made suitable for a one-off evaluation (no tracker, no Ray)."""
+    trainer = train.trainer if train is not None else MarsTrainerConfig()
+    overrides = {"tracker": NoopConfig(), "ray": RayConfig(auto_start_cluster=False)}
+    if train is not None:
+        overrides["id"] = stable_run_id(train)
+    if config.model_axis_size is not None:
+        overrides["model_axis_size"] = config.model_axis_size
+    if config.per_device_eval_parallelism is not None:
+        overrides["per_device_eval_parallelism"] = config.per_device_eval_parallelism
+    return dataclasses.replace(trainer, **overrides)
+
+
+def _tokenizer_name(config: EvalHarnessMainConfig, train: Optional[TrainLmConfig], source: CheckpointSource) -> str:
+    if config.tokenizer:
+        return config.tokenizer
+    if source.is_hf:
+        return source.path
+    assert train is not None
+    return train.data.tokenizer
+
+
+def _hf_name(path: str) -> tuple[str, Optional[int]]:
+    """An HF export's run name and step: ``<hf_save_path>/<run id>/step-N`` gives (run id, N)."""
+    parent, name = posixpath.split(path.rstrip("/"))
+    match = _STEP_DIR.fullmatch(name)
+    return (posixpath.basename(parent) or name, int(match.group(1))) if match else (name, None)
+
+
+def default_output_dir(
+    config: EvalHarnessMainConfig, train: Optional[TrainLmConfig], source: CheckpointSource, suite: str
+) -> str:
+    if config.output_dir:
+        return config.output_dir
+    if not source.is_hf:
+        assert train is not None
+        return posixpath.join(str(train.trainer.log_dir), stable_run_id(train), "eval", suite, f"step-{source.step}")
+    name, step = _hf_name(source.path)
+    leaf = f"hf-step-{step}" if step is not None else f"hf-{name}"
+    if train is not None:
+        return posixpath.join(str(train.trainer.log_dir), stable_run_id(train), "eval", suite, leaf)
+    return posixpath.join("eval_results", name, suite, leaf)
+
+
+def _load_model(source: CheckpointSource, model_config, tokenizer, trainer: MarsTrainerConfig):
+    mapping = trainer.parameter_axis_mapping
+    if source.is_hf:
+        with upstream.gpt2_without_hub(tokenizer):
+            converter = model_config.hf_checkpoint_converter()
+        converter = converter.replaced(reference_checkpoint=source.path, tokenizer=tokenizer)
+        return converter.load_pretrained(
+            model_config.model_type, ref=source.path, dtype=trainer.mp.param_dtype, axis_mapping=mapping
+        )
+    # As train_lm builds it, so that the arrays load into the same shapes and shardings.
+    Vocab = round_axis_for_partitioning(hax.Axis("vocab", len(tokenizer)), mapping)
+    shape = eqx.filter_eval_shape(model_config.build, Vocab, key=jax.random.PRNGKey(0))
+    try:
+        return load_checkpoint(
+            shape, source.path, subpath="model", discover_latest=False, axis_mapping=mapping, mesh=trainer.device_mesh
+        )
+    except Exception as e:  # noqa: BLE001 - a mismatch shows up as one of many tensorstore/shape errors
+        raise CheckpointError(
+            f"checkpoint {source.path} does not load into the model of the training config "
+            f"({type(e).__name__}: {e}). Is train_config_path the YAML this run was trained with?"
+        ) from e
+
+
+def evaluate(config: EvalHarnessMainConfig, *, suite: str = "suite") -> Optional[EvalReport]:
+    """Evaluates the checkpoint and writes results.json and results.md; returns None on processes other than 0."""
+    if config.download_only:
+        tasks = config.to_task_dict()
+        logger.info("Loaded %d tasks; their datasets are in the HF datasets cache.", len(tasks))
+        return None
+    train = load_train_config(config.train_config_path) if config.train_config_path else None
+    path = config.checkpoint_path
+    if path is None:
+        if train is None:
+            raise ConfigError("checkpoint_path: give a checkpoint, or train_config_path to evaluate that run's newest")
+        path = train.trainer.checkpointer.expanded_path(stable_run_id(train))
+    source = resolve_checkpoint(path, is_hf=config.checkpoint_is_hf, verify_checksums=config.verify_checksums)
+    if not source.is_hf and train is None:
+        raise ConfigError(
+            f"train_config_path: {source.path} is a Levanter checkpoint, which holds arrays only; pass the training "
+            "YAML of its run so that the model, tokenizer and precision are known"
+        )
+    model_config = train.model if train is not None else Gpt2Config()
+    tokenizer = load_tokenizer(_tokenizer_name(config, train, source))
+    trainer = _trainer_config(config, train)
+    trainer.initialize()
+    logger.info("Evaluating %s on %d device(s)", source.path, jax.device_count())
+    with trainer.use_device_mesh(), hax.axis_mapping(trainer.parameter_axis_mapping), upstream.eval_harness_on_mesh():
+        model = inference_mode(_load_model(source, model_config, tokenizer, trainer), True)
+        outputs = run_lm_eval_harness(
+            config, model, tokenizer, trainer.EvalBatch, axis_resources=trainer.compute_axis_mapping, mp=trainer.mp
+        )
+    if jax.process_index() != 0:
+        return None
+    assert outputs is not None
+    hf_name, hf_step = _hf_name(source.path) if source.is_hf else (None, None)
+    run_name = config.run_name or (stable_run_id(train) if train is not None else hf_name)
+    written = report.write_results(
+        outputs, default_output_dir(config, train, source, suite), run_name=run_name,
+        step=source.step if not source.is_hf else hf_step, checkpoint=source.path, columns=config.columns,
+    )
+    return EvalReport(source, written, outputs)

@@ -1,0 +1,160 @@
+"""End to end: the eval harness during training and standalone, on the same checkpoints of tiny runs.
+
+The in-training result at step N must equal the standalone result on the step-N checkpoint item by item (every
+choice's log-likelihood, bit for bit), for a Levanter checkpoint, an exported HF checkpoint, and a run on 8
+simulated devices in exact mode. The task is the held-out local multiple-choice task (tests/data/lm_eval_tasks).
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from levanter_mars.training.metrics import read_metrics
+from tests.helpers.evals import (
+    EIGHT_DEVICES,
+    LOCAL_TASKS,
+    OFFLINE_SUITE,
+    include_suite,
+    item_loglikelihoods,
+    run_eval_cli,
+)
+from tests.helpers.training import REPO, describe_failure, run_cli, run_paths, tiny_config
+
+pytestmark = pytest.mark.slow
+
+ACC = "lm_eval/pydocs_mc/acc"
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("evals")
+
+
+def _train(workdir, corpus, run_id, overrides, env=None):
+    config = include_suite(tiny_config(workdir, corpus, run_id, overrides))
+    proc = run_cli(config, env=env)
+    assert proc.returncode == 0, describe_failure(proc)
+    return config, run_paths(workdir, run_id)
+
+
+def _in_training(paths, step):
+    return paths["run_dir"] / "eval" / "in_training" / f"step-{step}" / "results.json"
+
+
+def _results(path):
+    return json.loads(path.read_text())["results"]["pydocs_mc"]
+
+
+@pytest.fixture(scope="module")
+def approx_run(workdir, pydocs_corpus):
+    """12 steps on one device, evaluated at step 10 and at the end (step 11); also exports HF checkpoints."""
+    overrides = {
+        "trainer": {"num_train_steps": 12},
+        "eval_harness_steps": 10,
+        "hf_save_path": str(workdir / "hf"),
+        "hf_save_steps": 10,
+    }
+    return _train(workdir, pydocs_corpus, "evals", overrides)
+
+
+@pytest.fixture(scope="module")
+def eight_device_exact_run(workdir, pydocs_corpus):
+    """10 steps of exact MARS on 8 simulated devices, evaluated and checkpointed at step 5 and at the end."""
+    overrides = {
+        "trainer": {"num_train_steps": 10, "checkpointer": {"keep": [{"every": 5}]}},
+        "eval_harness_steps": 5,
+        "optimizer": {"exact": True},
+    }
+    return _train(workdir, pydocs_corpus, "evals8", overrides, env=EIGHT_DEVICES)
+
+
+def test_in_training_results_reach_metrics_jsonl_and_the_run_directory(approx_run):
+    _, paths = approx_run
+    evaluated = {r["step"]: r for r in read_metrics(paths["metrics"]) if ACC in r}
+    assert sorted(evaluated) == [10, 11], "every eval_harness_steps and once at the end (not twice)"
+    assert sorted(p.name for p in (paths["run_dir"] / "eval" / "in_training").iterdir()) == ["step-10", "step-11"]
+    for step, record in evaluated.items():
+        results = _results(_in_training(paths, step))
+        assert record[ACC] == results["acc,none"] and record["lm_eval/pydocs_mc/acc_norm"] == results["acc_norm,none"]
+        assert json.loads(_in_training(paths, step).read_text())["n-samples"]["pydocs_mc"]["effective"] == 48
+        table = (_in_training(paths, step).parent / "results.md").read_text()
+        accuracy = f"{100 * results['acc,none']:.2f}"
+        assert f"| evals (step {step}) | {accuracy} | {accuracy} |" in table, table
+    # Training moved the model between the two evaluations.
+    assert item_loglikelihoods(_in_training(paths, 10)) != item_loglikelihoods(_in_training(paths, 11))
+
+
+def test_standalone_on_the_step_checkpoint_equals_the_in_training_result(approx_run):
+    config, paths = approx_run
+    proc = run_eval_cli(
+        "--config_path", str(OFFLINE_SUITE),
+        "--checkpoint_path", str(paths["checkpoints"] / "step-10"),
+        "--train_config_path", str(config),
+        # The task by name, from a directory of task YAMLs (the suite file gives it as a path).
+        "--task_spec", '["pydocs_mc"]',
+        "--include_path", f'["{LOCAL_TASKS}"]',
+    )
+    assert proc.returncode == 0, describe_failure(proc)
+    standalone = paths["run_dir"] / "eval" / "pydocs_offline" / "step-10" / "results.json"
+    assert str(standalone) in proc.stdout and "| evals (step 10) |" in proc.stdout
+    assert item_loglikelihoods(standalone) == item_loglikelihoods(_in_training(paths, 10))
+    assert _results(standalone) == _results(_in_training(paths, 10))
+
+
+def test_standalone_on_an_exported_hf_checkpoint_needs_no_training_config(approx_run, workdir):
+    _, paths = approx_run
+    hf = workdir / "hf" / "evals" / "step-10"
+    assert (hf / "config.json").exists() and (hf / "tokenizer.json").exists()
+    out = workdir / "hf_eval"
+    proc = run_eval_cli(
+        "--config_path", str(OFFLINE_SUITE), "--checkpoint_path", str(hf),
+        "--per_device_eval_parallelism", "8",  # the tiny run's eval batch
+        "--output_dir", str(out),
+    )
+    assert proc.returncode == 0, describe_failure(proc)
+    assert "| evals (step 10) |" in (out / "results.md").read_text()
+    assert item_loglikelihoods(out / "results.json") == item_loglikelihoods(_in_training(paths, 10))
+
+
+@pytest.mark.multidevice
+def test_eight_device_exact_run_in_training_equals_standalone_on_its_newest_checkpoint(eight_device_exact_run):
+    config, paths = eight_device_exact_run
+    assert sorted(r["step"] for r in read_metrics(paths["metrics"]) if ACC in r) == [5, 9]
+    manifest = json.loads((paths["checkpoints"] / "step-9" / "levanter_mars_manifest.json").read_text())
+    assert manifest["run_info"]["optimizer"]["exact"] is True
+    torn = paths["checkpoints"] / "step-25" / "model"  # interrupted before metadata.json: must be skipped
+    torn.mkdir(parents=True)
+    try:
+        # No checkpoint_path: the training config's run checkpoint directory, newest complete checkpoint.
+        proc = run_eval_cli("--config_path", str(OFFLINE_SUITE), "--train_config_path", str(config), env=EIGHT_DEVICES)
+    finally:
+        shutil.rmtree(torn.parent)
+    assert proc.returncode == 0, describe_failure(proc)
+    standalone = paths["run_dir"] / "eval" / "pydocs_offline" / "step-9" / "results.json"
+    assert json.loads(standalone.read_text())["levanter_mars"]["checkpoint"] == str(paths["checkpoints"] / "step-9")
+    assert item_loglikelihoods(standalone) == item_loglikelihoods(_in_training(paths, 9))
+
+
+@pytest.mark.multidevice
+def test_comparison_script_tables_two_runs(approx_run, eight_device_exact_run, workdir):
+    (_, approx), (_, exact) = approx_run, eight_device_exact_run
+    output = workdir / "comparison.md"
+    proc = subprocess.run(
+        [
+            sys.executable, "scripts/compare_evals.py",
+            str(_in_training(approx, 11).parent), str(_in_training(exact, 9)),
+            "--label", "MARS approx", "--label", "MARS exact (8 devices)",
+            "--suite", str(OFFLINE_SUITE), "--output", str(output),
+        ],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = output.read_text().splitlines()
+    assert lines[0] == "| Run | PyDocs-MC | Avg. |" and len(lines) == 4
+    for line, (label, paths, step) in zip(lines[2:], [("MARS approx", approx, 11), ("MARS exact (8 devices)", exact, 9)]):
+        accuracy = f"{100 * _results(_in_training(paths, step))['acc,none']:.2f}"
+        assert line == f"| {label} | {accuracy} | {accuracy} |"
+    assert proc.stdout == output.read_text()

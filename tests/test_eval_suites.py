@@ -1,0 +1,163 @@
+"""Eval suites: the shipped suites are the paper's real lm-eval tasks, local tasks load offline by path or name,
+a training YAML includes a suite relative to itself, and missing data is reported with how to get it."""
+
+import shutil
+
+import pytest
+
+from levanter_mars.eval.report import TableColumn
+from levanter_mars.eval.suite import EvalDatasetError, EvalSuiteConfig, TaskSpecError, resolve_task_spec
+from levanter_mars.training.config import parse_config
+from tests.helpers.evals import LOCAL_TASKS, OFFLINE_SUITE
+from tests.helpers.training import REPO, TINY_CONFIG
+
+EVAL_CONFIGS = REPO / "config" / "eval"
+LOCAL_TASK = LOCAL_TASKS / "pydocs_mc.yaml"
+PAPER_COLUMNS = ["ARC-E", "ARC-C", "BoolQ", "HellaSwag", "OBQA", "PIQA", "WG", "MMLU", "SciQ"]
+PAPER_TASKS = ["arc_easy", "arc_challenge", "boolq", "hellaswag", "openbookqa", "piqa", "winogrande", "mmlu", "sciq"]
+
+
+def _suite(path) -> EvalSuiteConfig:
+    return parse_config(["--config_path", str(path)], EvalSuiteConfig)
+
+
+@pytest.fixture(scope="module")
+def builtin_task_index():
+    """lm-eval's index of its built-in tasks (5 s to build: once per module)."""
+    import lm_eval.tasks
+
+    return lm_eval.tasks.TaskManager().task_index
+
+
+@pytest.fixture
+def reuse_builtin_index(monkeypatch, builtin_task_index):
+    import lm_eval.tasks
+
+    monkeypatch.setattr(lm_eval.tasks.TaskManager, "initialize_tasks", lambda self, **kw: builtin_task_index)
+
+
+def test_paper_suite_is_the_nine_tasks_zero_shot_in_the_papers_layout():
+    suite = _suite(EVAL_CONFIGS / "paper.yaml")
+    assert [entry.task for entry in suite.task_spec] == PAPER_TASKS
+    assert all(entry.num_fewshot == 0 for entry in suite.task_spec)
+    assert suite.max_examples is None
+    assert [c.label for c in suite.columns] == PAPER_COLUMNS
+    assert [c.task for c in suite.columns] == PAPER_TASKS
+    acc_only = {"boolq", "winogrande", "mmlu"}
+    assert all(c.metric == ("acc" if c.task in acc_only else "acc_norm") for c in suite.columns)
+
+
+@pytest.mark.parametrize("name", ["paper", "quick"])
+def test_suite_tasks_are_real_lm_eval_tasks_reporting_the_table_metric(name, builtin_task_index):
+    from lm_eval.utils import load_yaml_config
+
+    suite = _suite(EVAL_CONFIGS / f"{name}.yaml")
+    assert {c.task for c in suite.columns} == {entry.task for entry in suite.task_spec}
+    for column in suite.columns:
+        entry = builtin_task_index[column.task]
+        config = load_yaml_config(entry["yaml_path"], mode="full")
+        if entry["type"] == "group":  # mmlu: the size-weighted mean of its subtasks
+            reported = [m["metric"] for m in config["aggregate_metric_list"]]
+        else:
+            assert "/" in config["dataset_path"], config["dataset_path"]  # a Hugging Face Hub dataset
+            reported = [m["metric"] for m in config["metric_list"]]
+        assert column.metric in reported, (column, reported)
+    if name == "quick":
+        paper = {c.task: c for c in _suite(EVAL_CONFIGS / "paper.yaml").columns}
+        assert all(paper[c.task] == c for c in suite.columns) and suite.max_examples
+
+
+def test_a_real_suite_without_its_datasets_says_how_to_get_them(reuse_builtin_index):
+    with pytest.raises(EvalDatasetError) as error:
+        _suite(EVAL_CONFIGS / "quick.yaml").to_task_dict()  # offline in tests: nothing is cached
+    message = str(error.value)
+    for expected in ("arc_easy", "allenai/ai2_arc", "--download_only true", "HF_DATASETS_OFFLINE", "HF_DATASETS_CACHE"):
+        assert expected in message, message
+
+
+def test_the_offline_suite_loads_its_local_task_by_path(monkeypatch):
+    monkeypatch.chdir(REPO)
+    tasks = _suite(OFFLINE_SUITE).to_task_dict()
+    assert list(tasks) == ["pydocs_mc"]
+    docs = tasks["pydocs_mc"].test_docs()
+    assert len(docs) == 48 and all(len(doc["choices"]) == 4 for doc in docs)
+    # The answers are spread over the four positions, so always picking one position scores 25%.
+    assert sorted({doc["answer"] for doc in docs}) == [0, 1, 2, 3]
+
+
+def test_a_local_task_by_name_loads_without_indexing_lm_evals_builtins(monkeypatch):
+    import lm_eval.tasks
+
+    monkeypatch.chdir(REPO)
+    calls = []
+    original = lm_eval.tasks.TaskManager.initialize_tasks
+
+    def recording(self, include_path=None, include_defaults=True):
+        calls.append((include_path, include_defaults))
+        return original(self, include_path=include_path, include_defaults=include_defaults)
+
+    monkeypatch.setattr(lm_eval.tasks.TaskManager, "initialize_tasks", recording)
+    tasks = EvalSuiteConfig(task_spec=["pydocs_mc"], include_path=[str(LOCAL_TASKS)]).to_task_dict()
+    assert list(tasks) == ["pydocs_mc"]
+    assert calls == [([str(LOCAL_TASKS)], False)]
+
+
+def test_task_yaml_paths_resolve_to_their_names_and_directories(tmp_path):
+    spec, directories = resolve_task_spec([str(LOCAL_TASK), {"task": str(LOCAL_TASK), "num_fewshot": 0}, "hellaswag"])
+    assert spec == ["pydocs_mc", {"task": "pydocs_mc", "num_fewshot": 0}, "hellaswag"]
+    assert directories == [str(LOCAL_TASKS)]
+    with pytest.raises(TaskSpecError, match="no such task YAML"):
+        resolve_task_spec([str(tmp_path / "missing.yaml")])
+    nameless = tmp_path / "nameless.yaml"
+    nameless.write_text("dataset_path: json\ndoc_to_text: !function utils.doc_to_text\n")
+    with pytest.raises(TaskSpecError, match="defines no task name"):
+        resolve_task_spec([str(nameless)])
+
+
+def test_a_missing_local_data_file_is_reported_with_the_path_rule(tmp_path):
+    task = tmp_path / "broken.yaml"
+    task.write_text(LOCAL_TASK.read_text().replace("task: pydocs_mc", "task: broken_mc").replace(
+        "tests/data/lm_eval_tasks/pydocs_mc.jsonl", "no/such/file.jsonl"))
+    with pytest.raises(EvalDatasetError, match="broken_mc.*relative to the working directory"):
+        EvalSuiteConfig(task_spec=[str(task)]).to_task_dict()
+
+
+def test_a_training_yaml_includes_a_suite_relative_to_itself(tmp_path):
+    (tmp_path / "eval").mkdir()
+    shutil.copy(EVAL_CONFIGS / "quick.yaml", tmp_path / "eval" / "quick.yaml")
+    train_yaml = tmp_path / "train.yaml"
+    train_yaml.write_text(TINY_CONFIG.read_text() + "eval_harness: !include eval/quick.yaml\neval_harness_steps: 500\n")
+    config = parse_config(["--config_path", str(train_yaml)])
+    assert isinstance(config.eval_harness, EvalSuiteConfig)
+    assert config.eval_harness == _suite(EVAL_CONFIGS / "quick.yaml")
+    assert config.eval_harness_steps == 500
+    assert config.eval_harness.columns[1] == TableColumn("hellaswag", "HellaSwag", "acc_norm")
+    # On the command line, draccus' `include` keyword takes a path relative to the working directory.
+    from_cli = parse_config(["--config_path", str(TINY_CONFIG), "--eval_harness", f"include {OFFLINE_SUITE}"])
+    assert from_cli.eval_harness == _suite(OFFLINE_SUITE)
+
+
+def test_standalone_cli_reports_bad_input_naming_the_field_or_file(tmp_path, capsys):
+    import json
+
+    from levanter_mars.main.eval_harness import cli
+
+    suite = ["--config_path", str(OFFLINE_SUITE)]
+    assert cli(["--config_path", str(tmp_path / "missing.yaml")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert cli([*suite, "--checkpoint_path", str(tmp_path / "nowhere")]) == 1
+    assert "checkpoint_path: no such directory" in capsys.readouterr().err
+    assert cli(suite) == 2
+    assert "checkpoint_path: give a checkpoint, or train_config_path" in capsys.readouterr().err
+
+    step = tmp_path / "run" / "step-3"
+    step.mkdir(parents=True)
+    (step / "metadata.json").write_text(json.dumps({"step": 3, "timestamp": "2026-01-01T00:00:00"}))
+    assert cli([*suite, "--checkpoint_path", str(step)]) == 2  # arrays only: the model config is unknown
+    assert "train_config_path" in capsys.readouterr().err
+    (step / "levanter_mars_manifest.json").write_text(json.dumps({"files": {"model/x": {"size": 1, "crc32c": "0"}}}))
+    assert cli([*suite, "--checkpoint_path", str(step.parent)]) == 1
+    error = capsys.readouterr().err
+    assert "holds no complete checkpoint" in error and "corrupt (missing file model/x)" in error, error
+    assert cli([*suite, "--checkpoint_path", str(step), "--train_config_path", str(TINY_CONFIG)]) == 1
+    assert "corrupt (missing file model/x)" in capsys.readouterr().err

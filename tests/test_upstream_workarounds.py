@@ -164,3 +164,22 @@ def test_defect_9_default_tracker_is_online_wandb_and_ours_is_offline():
     upstream_tracker = TrainerConfig().tracker
     assert isinstance(upstream_tracker, WandbConfig) and upstream_tracker.mode is None
     assert MarsTrainerConfig().tracker.mode == "offline"
+
+
+def test_defect_11_preemption_probe_needs_the_gce_metadata_server(monkeypatch):
+    import levanter.infra.ray_tpu as ray_tpu
+    import levanter.infra.tpus as tpus
+    import requests
+
+    def no_metadata_server(*args, **kwargs):
+        raise requests.ConnectionError("no metadata.google.internal off GCE")
+
+    monkeypatch.setattr(tpus.requests, "get", no_metadata_server)
+    monkeypatch.setattr(tpus, "get_current_tpu_is_preempted", tpus.get_current_tpu_is_preempted)  # restored after
+    with pytest.raises(requests.ConnectionError):
+        tpus.get_current_tpu_is_preempted()
+    # run_on_pod's slice and host health checks call it.
+    assert inspect.getsource(ray_tpu).count("get_current_tpu_is_preempted()") >= 3
+
+    upstream.preemption_probe_off_gce()
+    assert tpus.get_current_tpu_is_preempted() is False

@@ -23,6 +23,10 @@ Defects that need no code here (only a pin or a default) are listed too, with wh
 10. ``DataLoaderIterator`` starts a prefetch thread at construction and has no public way to stop it; if the
     process exits while it is still reading (a run resumed when already complete, or stopped by an error), the
     interpreter aborts (``terminate called ...``, exit 134): :func:`stop_data_loader`.
+11. ``levanter.infra.tpus.get_current_tpu_is_preempted`` (``run_on_pod``'s health check of every slice, every
+    10 s, and its sorting of failures) asks the GCE metadata server, without a timeout, and raises where there is
+    none, so off GCP every attempt is torn down as unhealthy: the local engine's Ray workers answer "not
+    preempted" without the network (:func:`preemption_probe_off_gce`).
 """
 
 from __future__ import annotations
@@ -116,3 +120,16 @@ def gpt2_without_hub(tokenizer: Any) -> Iterator[None]:
 
     with patched(Gpt2Config, hf_checkpoint_converter=offline_gpt2_converter(tokenizer)):
         yield
+
+
+def _not_preempted() -> bool:
+    return False
+
+
+def preemption_probe_off_gce() -> None:
+    """Defect 11. Replaces Levanter's GCE preemption probe in this process (a local-engine Ray worker)."""
+    import importlib
+
+    # Through sys.modules: this may run while the module is still being imported (infra/local_worker.py).
+    tpus = importlib.import_module("levanter.infra.tpus")
+    tpus.get_current_tpu_is_preempted = _not_preempted

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 from levanter_mars.infra.config import LaunchError, RayLaunchConfig, parse_args
 from levanter_mars.infra.plan import prepare
-from levanter_mars.infra.ray_job import build_job, dry_run_report, follow, how_to_watch, resolve_address, submit
+from levanter_mars.infra.ray_job import build_job, follow, how_to_watch, resolve_address, submit
 from levanter_mars.training.config import ConfigError
 
 
@@ -30,7 +30,7 @@ def cli(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     address = resolve_address(launch.address)
     if launch.dry_run:
-        print(dry_run_report(run, job, address))
+        print(run.report({"address": address, "ray_job": job.printable()}))
         return 0
     try:
         submission = submit(job, address)

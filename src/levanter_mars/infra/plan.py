@@ -52,6 +52,14 @@ class PreparedRun:
             "training_command": ["python", "-m", "levanter_mars.main.train_lm", *self.train_argv],
         }
 
+    def report(self, sections: Mapping[str, Any], commands: str = "") -> str:
+        """The dry-run text: the plan (with ``sections``), any commands, and the resolved training config."""
+        plan = {"dry_run": "nothing was contacted (no Ray, no GCP)", **sections, **self.describe()}
+        text = "# levanter-mars launch plan\n" + yaml.safe_dump(plan, sort_keys=False, default_flow_style=False)
+        if commands:
+            text += "---\n# commands, in order\n" + commands + "\n"
+        return text + "---\n# resolved training config\n" + self.resolved_config_yaml()
+
     def resolved_config_yaml(self) -> str:
         plain = json.loads(json.dumps(draccus.encode(self.config), default=_plain))
         return yaml.safe_dump(plain, sort_keys=False, default_flow_style=False)

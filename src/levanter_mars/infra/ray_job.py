@@ -152,15 +152,3 @@ def how_to_watch(submission: str, address: str) -> str:
         ]
     )
 
-
-def dry_run_report(run: PreparedRun, job: RayJob, address: str) -> str:
-    import yaml
-
-    launch = {"dry_run": "nothing was contacted (no Ray, no GCP)", "address": address, **run.describe()}
-    launch["ray_job"] = job.printable()
-    return (
-        "# levanter-mars launch plan\n"
-        + yaml.safe_dump(launch, sort_keys=False, default_flow_style=False)
-        + "---\n# resolved training config\n"
-        + run.resolved_config_yaml()
-    )

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from typing import Callable, Mapping, Optional, Sequence
 
+from levanter_mars.infra.local_node import without_node_environment
+
 TRAIN_MODULE = "levanter_mars.main.train_lm"
 _PR_SET_PDEATHSIG = 1
 
@@ -27,10 +29,7 @@ def _die_with_parent() -> None:
 
 
 def training_environment(environ: Mapping[str, str], secrets: Mapping[str, str], local: bool) -> dict[str, str]:
-    env = dict(environ)
-    if local:
-        # The local node's pretend-TPU identity (local_cluster.NODE_IDENTITY) is for Ray's scheduler only.
-        env = {k: v for k, v in env.items() if not k.startswith("TPU_")}
+    env = without_node_environment(environ) if local else dict(environ)
     env.update(secrets)
     return env
 

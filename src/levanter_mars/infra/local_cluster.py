@@ -5,7 +5,8 @@ The node poses as worker 0 of a one-host slice: the ``TPU_*`` variables Ray read
 nor Levanter asks the GCE metadata server anything, and it offers the resources Levanter's scheduler requests
 (``TPU-cpu-head`` for the slice, ``TPU`` chips, 8 CPUs and 20 GB per host task: logical amounts, not a promise of
 hardware). Ray's own traps on such a machine are handled here: ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps every
-listener on 127.0.0.1, and token authentication is on, with the mode set the same way for the node and its clients.
+listener on 127.0.0.1, the dashboard's cloud probes and usage ping go to a closed loopback port (``local_node.py``), and
+token authentication is on, with the mode set the same way for the node and its clients.
 
 ``python -m levanter_mars.infra.local_cluster start|stop|env [--temp_dir DIR]``. ``stop`` ends only the processes of
 the cluster in DIR (never ``ray stop``, which ends every Ray on the machine).
@@ -25,27 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from levanter_mars.infra.slices import (
-    HOST_TASK_CPUS,
-    HOST_TASK_MEMORY_BYTES,
-    LOCAL_POSES_AS,
-    LOCAL_SLICE,
-    LOCAL_SLICE_NAME,
-    head_resource,
-    slice_type,
-)
+from levanter_mars.infra.local_node import NODE_ENVIRONMENT
+from levanter_mars.infra.slices import HOST_TASK_CPUS, HOST_TASK_MEMORY_BYTES, LOCAL_SLICE, head_resource, slice_type
 
 STATE_FILE = "levanter_mars_cluster.json"
 TOKEN_FILE = "auth_token"
 OBJECT_STORE_BYTES = 200 * 10**6  # the launcher moves no data through Ray: keep /dev/shm use small
 
-# Ray's and Levanter's view of this node as worker 0 of a one-host `LOCAL_POSES_AS` slice named LOCAL_SLICE_NAME.
-NODE_IDENTITY = {
-    "TPU_NAME": LOCAL_SLICE_NAME,
-    "TPU_WORKER_ID": "0",
-    "TPU_ACCELERATOR_TYPE": LOCAL_POSES_AS,
-    "TPU_TOPOLOGY": "2x2x1",
-}
 LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
@@ -81,7 +68,7 @@ def ray_start_args(
 
 
 def ray_start_hint() -> str:
-    env = " ".join(f"{k}={v}" for k, v in {**LOOPBACK_ONLY, "RAY_AUTH_MODE": "token", **NODE_IDENTITY}.items())
+    env = " ".join(f"{k}={v}" for k, v in {**LOOPBACK_ONLY, "RAY_AUTH_MODE": "token", **NODE_ENVIRONMENT}.items())
     return f"  {env} \\\n    {shlex.join(ray_start_args())}"
 
 
@@ -141,7 +128,7 @@ class LocalRayCluster:
         cluster = cls(temp_dir=os.path.realpath(temp_dir), gcs_port=_free_port(), dashboard_port=_free_port())
         with open(os.open(cluster.token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
             f.write(secrets.token_hex(32))
-        env = {**(environ if environ is not None else os.environ), **NODE_IDENTITY, **cluster.client_env()}
+        env = {**(environ if environ is not None else os.environ), **NODE_ENVIRONMENT, **cluster.client_env()}
         env.pop("RAY_ADDRESS")  # a head node must not join another cluster
         ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
         args = ray_start_args(

@@ -23,14 +23,8 @@ from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
 
 from levanter_mars.infra.config import SECRET_METADATA_PREFIX, LaunchError, split_overrides
 from levanter_mars.infra.host import host_task
-from levanter_mars.infra.slices import (
-    HOST_TASK_CPUS,
-    HOST_TASK_MEMORY_BYTES,
-    LOCAL_SLICE,
-    LOCAL_SLICE_NAME,
-    head_resource,
-    slice_type,
-)
+from levanter_mars.infra.local_node import LOCAL_SLICE_NAME
+from levanter_mars.infra.slices import HOST_TASK_CPUS, HOST_TASK_MEMORY_BYTES, LOCAL_SLICE, head_resource, slice_type
 
 logger = logging.getLogger("levanter_mars.infra.pod")
 

@@ -17,6 +17,7 @@ from levanter.infra.ray_tpu import TPU_CONFIGS, get_tpu_config
 from levanter.trainer import TrainerConfig
 
 from levanter_mars.infra.config import LaunchError
+from levanter_mars.infra.local_node import LOCAL_POSES_AS
 
 LOCAL_SLICE = "cpu"
 """``--tpu_type cpu``: the local engine, a Ray cluster on this machine whose one node poses as a one-host slice."""
@@ -26,9 +27,6 @@ LOCAL_SLICE = "cpu"
 HOST_TASK_CPUS = 8
 HOST_TASK_MEMORY_BYTES = 20 * 10**9
 
-# The local node poses as this one-host slice type (TPU_ACCELERATOR_TYPE), so Levanter's scheduler runs unchanged.
-LOCAL_POSES_AS = "v4-8"
-LOCAL_SLICE_NAME = "local-cpu"
 
 # The TPU VM software image (gcloud --runtime-version / node_config.runtimeVersion) for JAX, per generation.
 RUNTIME_VERSIONS = {

@@ -220,8 +220,9 @@ def test_bad_input_is_refused_naming_the_flag_or_field(capsys, argv, message):
 def test_readme_local_ray_start_is_the_one_the_engine_checks_for():
     readme = (REPO / "infra" / "README.md").read_text()
     block = re.search(r"^export RAY_ENABLE.*?--disable-usage-stats$", readme, re.S | re.M).group(0)
-    export_line, command = block.split("\n", 1)
+    export_line, token_line, command = block.split("\n", 2)
     assert shlex.split(export_line) == ["export", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0", "RAY_AUTH_MODE=token"]
+    assert shlex.split(token_line, comments=True) == ["ray", "get-auth-token", "--generate", ">/dev/null"]
     tokens = shlex.split(command.replace("\\\n", " "))
     env = dict(t.split("=", 1) for t in tokens[: tokens.index("ray")])
     assert env == NODE_ENVIRONMENT

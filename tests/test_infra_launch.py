@@ -1,6 +1,7 @@
 """The Ray launcher without a cluster: dry runs for every slice type of infra/cluster.yaml and for multi-slice
 meshes, credentials handling, bad input, and the pieces of the job that run on the cluster."""
 
+import itertools
 import json
 import os
 import re
@@ -180,6 +181,34 @@ def test_run_id_flag_pins_every_attempt(capsys):
     assert plan["run_id"] == config["trainer"]["id"] == "small-try2"
     assert plan["ray_job"]["runtime_env"]["env_vars"]["RUN_ID"] == "small-try2"
     assert plan["ray_job"]["entrypoint"].endswith("--trainer.id small-try2")
+
+
+def documented_launches():
+    """The launch commands in the header comments of the shipped configs."""
+    found = []
+    for path in sorted((REPO / "config").glob("*.yaml")):
+        lines = path.read_text().splitlines()
+        header = "\n".join(line[1:].strip() for line in itertools.takewhile(lambda l: l.startswith("#"), lines))
+        for match in re.finditer(r"python -m levanter_mars\.infra\.launch (.+)", header.replace("\\\n", " ")):
+            found.append(pytest.param(shlex.split(match.group(1)), id=f"{path.stem}-{len(found)}"))
+    return found
+
+
+@pytest.mark.parametrize("argv", documented_launches())
+def test_every_launch_command_documented_in_a_config_dry_runs(capsys, argv):
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    overrides = argv[len(own) + 1 :]
+    plan, _, _ = dry_run(capsys, *own, "--", *BUCKET, *overrides)
+    slices = int(own[own.index("--num_slices") + 1]) if "--num_slices" in own else 1
+    assert plan["mesh"]["devices"] == slices * slice_type(plan["tpu_type"]).devices
+    assert plan["mesh"]["warnings"] == []
+    if slices > 1:
+        assert plan["mesh"]["dcn_across_slices"]["replica"] == slices
+
+
+def test_the_configs_document_single_and_multi_slice_launches():
+    commands = [" ".join(p.values[0]) for p in documented_launches()]
+    assert len(commands) >= 12 and sum("--num_slices 2" in c for c in commands) == 4
 
 
 @pytest.mark.parametrize(

@@ -107,7 +107,7 @@ def prepare(job: JobConfig, overrides: Sequence[str], *, working_dir: str = ".",
     validation.check_placeholders(config)
     validation.check_trainer(config.trainer)
     validation.check_model(config.model)
-    validation.check_optimizer(config.optimizer)
+    validation.check_optimizer(config.optimizer, config.trainer.num_train_steps)
     mesh = plan_mesh(config.trainer, kind.devices, job.num_slices)
     validation.check_mesh(config.trainer, mesh.devices)
     if not kind.is_local:

@@ -4,7 +4,9 @@ own process ids), the tiny config, Levanter's run_on_pod, and kills of the train
 One cluster serves the module. The reference is a run of the same config without Ray.
 """
 
+import re
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -14,7 +16,7 @@ import psutil
 import pytest
 
 from levanter_mars.infra.local_cluster import LocalRayCluster
-from tests.helpers.ray_launch import files_containing, launcher_command, launcher_env, start_launcher, training_process, wait_for
+from tests.helpers.ray_launch import files_containing, launched, launcher_command, launcher_env, training_process, wait_for
 from tests.helpers.training import REPO, describe_failure, last_step, losses, output, run_cli, run_paths, tiny_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -44,6 +46,7 @@ def cluster():
         for decoy in decoys:
             decoy.kill()
             decoy.wait()
+        shutil.rmtree(temp_dir, ignore_errors=True)
     assert stopped and not started.is_running(), "processes of the cluster survived its stop"
     assert all(alive), "stopping the cluster ended processes that were not its own"
     leftovers = [
@@ -91,10 +94,8 @@ def test_killed_training_process_then_lost_worker_both_resume_bitwise(cluster, w
     config = tiny_config(workdir, pydocs_corpus, run_id)
     metrics = run_paths(workdir, run_id)["metrics"]
     log_path = workdir / f"{run_id}.log"
-    launcher = start_launcher(
-        config, launcher_env(cluster.client_env(), SECRETS), log_path, "--retries", "1", "--preemption_retries", "1"
-    )
-    try:
+    env = launcher_env(cluster.client_env(), SECRETS)
+    with launched(config, env, log_path, "--retries", "1", "--preemption_retries", "1") as launcher:
         # A failure: the training program dies (SIGKILL) after the step-10 checkpoint.
         first = wait_for(lambda: training_process(config), what="the first training process")
         environ = first.environ()
@@ -110,14 +111,11 @@ def test_killed_training_process_then_lost_worker_both_resume_bitwise(cluster, w
         worker.kill()
         wait_for(lambda: not second.is_running(), timeout=30, what="the orphaned training process to die")
         code = launcher.wait(timeout=600)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
     log = log_path.read_text()
     assert code == 0, log[-6000:]
     assert ": SUCCEEDED" in log
     assert "Failed 1 times" in log and "Preempted 1 times" in log, "one failure and one preemption, counted apart"
-    assert "Resuming from" in log and "step-10" in log and "step-20" in log
+    assert sorted(set(re.findall(r"Resuming from \S+/(step-\d+)", log))) == ["step-10", "step-20"]
     got = losses(metrics)
     assert sorted(got) == list(range(30)), "every step once in the resumed metrics"
     mismatches = {s: (got[s], reference[s]) for s in reference if got[s] != reference[s]}
@@ -128,15 +126,10 @@ def test_killed_training_process_then_lost_worker_both_resume_bitwise(cluster, w
 def test_out_of_retries_the_job_fails_loudly(cluster, workdir, pydocs_corpus):
     config = tiny_config(workdir, pydocs_corpus, "ray-doomed")
     log_path = workdir / "ray-doomed.log"
-    launcher = start_launcher(
-        config, launcher_env(cluster.client_env(), {}), log_path, "--retries", "0", "--preemption_retries", "0"
-    )
-    try:
+    env = launcher_env(cluster.client_env(), {})
+    with launched(config, env, log_path, "--retries", "0", "--preemption_retries", "0") as launcher:
         wait_for(lambda: training_process(config), what="the training process").kill()
         code = launcher.wait(timeout=600)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
     log = log_path.read_text()
     assert code == 1, log[-4000:]
     assert "error: gave up after retries" in log and "ended with signal SIGKILL" in log

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Optional
+from typing import Callable, Iterable, Iterator, Mapping, Optional
 
 import psutil
 
@@ -26,11 +27,19 @@ def launcher_env(cluster_env: Mapping[str, str], secrets: Mapping[str, str]) -> 
     return env
 
 
-def start_launcher(config_path: Path, env: Mapping[str, str], log_path: Path, *flags: str) -> subprocess.Popen:
-    log = open(log_path, "w")
-    return subprocess.Popen(
-        launcher_command(config_path, *flags), cwd=REPO, env=dict(env), stdout=log, stderr=subprocess.STDOUT
-    )
+@contextlib.contextmanager
+def launched(config_path: Path, env: Mapping[str, str], log_path: Path, *flags: str) -> Iterator[subprocess.Popen]:
+    """The launcher running in the background (its output in ``log_path``); killed on exit if still running."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            launcher_command(config_path, *flags), cwd=REPO, env=dict(env), stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def training_process(config_path: Path) -> Optional[psutil.Process]:

@@ -23,10 +23,9 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from levanter.infra.docker import make_docker_run_command
 
-from levanter_mars.infra.config import JobConfig, LaunchError, parse_args
+from levanter_mars.infra.config import JobConfig, LaunchError
 from levanter_mars.infra.host import TRAIN_MODULE
-from levanter_mars.infra.plan import REDACTED, PreparedRun, prepare
-from levanter_mars.training.config import ConfigError
+from levanter_mars.infra.plan import REDACTED, PreparedRun, prepare_cli
 
 CAPACITY_FLAGS = {"spot": ["--spot"], "on-demand": [], "reserved": ["--reserved"]}
 CONTAINER = "levanter-mars"
@@ -224,17 +223,11 @@ class GcloudRunner:
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        launch, overrides = parse_args(argv, GcloudLaunchConfig)
-        check(launch)
-        plan = GcloudPlan(prepare(launch, overrides), launch)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
-    except LaunchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    prepared = prepare_cli(sys.argv[1:] if argv is None else list(argv), GcloudLaunchConfig, checks=[check])
+    if isinstance(prepared, int):
+        return prepared
+    launch, run = prepared
+    plan = GcloudPlan(run, launch)
     if launch.dry_run:
         print(plan.run.report({"queued_resource": plan.name, "nodes": plan.nodes}, commands=plan.render()))
         return 0

@@ -10,24 +10,17 @@ from __future__ import annotations
 import sys
 from typing import Optional, Sequence
 
-from levanter_mars.infra.config import LaunchError, RayLaunchConfig, parse_args
-from levanter_mars.infra.plan import prepare
+from levanter_mars.infra.config import LaunchError, RayLaunchConfig
+from levanter_mars.infra.plan import prepare_cli
 from levanter_mars.infra.ray_job import build_job, follow, how_to_watch, resolve_address, submit
-from levanter_mars.training.config import ConfigError
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        launch, overrides = parse_args(argv, RayLaunchConfig)
-        run = prepare(launch, overrides, working_dir=launch.working_dir)
-        job = build_job(run, launch)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
-    except LaunchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    prepared = prepare_cli(sys.argv[1:] if argv is None else list(argv), RayLaunchConfig)
+    if isinstance(prepared, int):
+        return prepared
+    launch, run = prepared
+    job = build_job(run, launch)
     address = resolve_address(launch.address)
     if launch.dry_run:
         print(run.report({"address": address, "ray_job": job.printable()}))

@@ -6,9 +6,10 @@ from __future__ import annotations
 import enum
 import json
 import os
+import sys
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import draccus
 import yaml
@@ -116,3 +117,22 @@ def prepare(job: JobConfig, overrides: Sequence[str], *, working_dir: str = ".",
     secrets = {name: environ[name] for name in job.secret_env if environ.get(name)}
     train_argv = ("--config_path", job.train_config, *overrides, "--trainer.id", run_id)
     return PreparedRun(job, kind, config, run_id, train_argv, mesh, secrets)
+
+
+def prepare_cli(
+    argv: Sequence[str], config_class: type, checks: Sequence[Callable[[Any], None]] = ()
+) -> tuple[Any, PreparedRun] | int:
+    """The launchers' common start: parse, check, prepare. On bad input prints the error and returns exit code 2."""
+    from levanter_mars.infra.config import parse_args
+    from levanter_mars.training.config import ConfigError
+
+    try:
+        launch, overrides = parse_args(argv, config_class)
+        for check in checks:
+            check(launch)
+        return launch, prepare(launch, overrides, working_dir=getattr(launch, "working_dir", "."))
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+    except LaunchError as e:
+        print(f"error: {e}", file=sys.stderr)
+    return 2

@@ -17,6 +17,7 @@ import os
 import re
 import shlex
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -114,15 +115,22 @@ def _client(address: str):
 
 def submit(job: RayJob, address: str) -> str:
     client = _client(address)
-    return client.submit_job(
-        entrypoint=job.entrypoint_command,
-        runtime_env=dict(job.runtime_env),
-        submission_id=job.submission_id,
-        metadata=dict(job.metadata),
-    )
+    try:
+        return client.submit_job(
+            entrypoint=job.entrypoint_command,
+            runtime_env=dict(job.runtime_env),
+            submission_id=job.submission_id,
+            metadata=dict(job.metadata),
+        )
+    except Exception as e:  # noqa: BLE001 - the job API answers RuntimeError with the server's reason
+        raise LaunchError(f"the Ray job API at {address} refused the job: {type(e).__name__}: {e}") from e
 
 
-def follow(submission: str, address: str, out=sys.stdout) -> str:
+def _status(client, submission: str) -> str:
+    return str(client.get_job_status(submission)).rsplit(".", 1)[-1]
+
+
+def follow(submission: str, address: str, out=sys.stdout, poll: float = 1.0) -> str:
     """Streams the job's log until it ends; returns its final status (SUCCEEDED, FAILED or STOPPED)."""
     client = _client(address)
 
@@ -132,14 +140,8 @@ def follow(submission: str, address: str, out=sys.stdout) -> str:
             out.flush()
 
     asyncio.run(_tail())
-    status = str(client.get_job_status(submission))
-    status = status.rsplit(".", 1)[-1]
-    if status not in TERMINAL_STATES:  # the log stream can end a moment before the status flips
-        import time
-
-        while status not in TERMINAL_STATES:
-            time.sleep(1)
-            status = str(client.get_job_status(submission)).rsplit(".", 1)[-1]
+    while (status := _status(client, submission)) not in TERMINAL_STATES:  # the stream may end a moment early
+        time.sleep(poll)
     return status
 
 

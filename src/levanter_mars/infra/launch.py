@@ -39,6 +39,10 @@ def cli(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print(f"\nstopped following; the job goes on:\n{how_to_watch(submission, address)}", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - a dropped log stream (tunnel closed, laptop asleep) ends only the watching
+        print(f"lost the job's log ({type(e).__name__}: {e}); the job goes on:\n{how_to_watch(submission, address)}",
+              file=sys.stderr)  # fmt: skip
+        return 1
     print(f"Ray job {submission}: {status}")
     return 0 if status == "SUCCEEDED" else 1
 

@@ -10,11 +10,11 @@ import re
 from pathlib import Path
 
 import jsonschema
-import levanter.infra.ray_tpu as ray_tpu
 import pytest
 import ray
 import ray.autoscaler
 import yaml
+from levanter.infra import ray_tpu
 from ray._private.accelerators.tpu import TPUAcceleratorManager
 from ray.autoscaler._private.util import prepare_config, validate_config
 
@@ -32,11 +32,7 @@ REQUIRED_TYPES = {"v4-8", "v4-32", "v5litepod-16", "v5p-8", "v6e-8"}
 
 
 def worker_types():
-    return {
-        name: node
-        for name, node in CLUSTER["available_node_types"].items()
-        if name != CLUSTER["head_node_type"]
-    }
+    return {name: node for name, node in CLUSTER["available_node_types"].items() if name != CLUSTER["head_node_type"]}
 
 
 def tpu_types():

@@ -13,7 +13,16 @@ from levanter_mars.infra.plan import prepare
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGE = "us-central2-docker.pkg.dev/proj/levanter-mars/levanter-mars:v1"
-BASE = ["--config_path", "config/gpt2_small_mars.yaml", "--project", "proj", "--zone", "us-central2-b", "--image", IMAGE]
+BASE = [
+    "--config_path",
+    "config/gpt2_small_mars.yaml",
+    "--project",
+    "proj",
+    "--zone",
+    "us-central2-b",
+    "--image",
+    IMAGE,
+]
 BUCKET = ["--trainer.checkpointer.base_path", "gs://b/ckpt", "--data.cache_dir", "gs://b/tok"]
 SECRET = "wandb-3JqP0zXv"
 
@@ -35,17 +44,24 @@ def commands(rendered: str) -> list[list[str]]:
 
 
 def test_dry_run_prints_the_exact_commands_and_no_credentials(capsys):
-    assert gcloud.cli([*BASE, "--tpu_type", "v4-32", "--num_slices", "2", "--dry_run", "--", *BUCKET,
-                       "--trainer.replica_dcn_axis_size", "-1", "--trainer.per_device_parallelism", "15"]) == 0  # fmt: skip
+    multi_slice = ["--trainer.replica_dcn_axis_size", "-1", "--trainer.per_device_parallelism", "15"]
+    assert (
+        gcloud.cli([*BASE, "--tpu_type", "v4-32", "--num_slices", "2", "--dry_run", "--", *BUCKET, *multi_slice]) == 0
+    )
     out = capsys.readouterr().out
     assert SECRET not in out
     section = out.split("# commands, in order\n")[1].split("\n---\n")[0]
     cmds = commands(section)
     create = cmds[0]
     assert create[:6] == ["gcloud", "compute", "tpus", "queued-resources", "create", "lm-gpt2-small-mars"]
-    for flag, value in [("--accelerator-type", "v4-32"), ("--runtime-version", "tpu-ubuntu2204-base"),
-                        ("--node-count", "2"), ("--node-prefix", "lm-gpt2-small-mars"), ("--zone", "us-central2-b")]:  # fmt: skip
-        assert create[create.index(flag) + 1] == value
+    expected = {
+        "--accelerator-type": "v4-32",
+        "--runtime-version": "tpu-ubuntu2204-base",
+        "--node-count": "2",
+        "--node-prefix": "lm-gpt2-small-mars",
+        "--zone": "us-central2-b",
+    }
+    assert {flag: create[create.index(flag) + 1] for flag in expected} == expected
     assert "--spot" in create
     ssh = [c for c in cmds if c[3:5] == ["tpu-vm", "ssh"]]
     setup = [c for c in ssh if "--worker=all" in c]

@@ -95,7 +95,7 @@ def test_dry_run_for_every_slice_type_of_the_cluster(capsys, tpu_type):
 
 
 def test_dry_run_v4_32_two_slices_replicates_across_dcn_and_shards_within_slices(capsys):
-    plan, config, _ = dry_run(
+    plan, _, _ = dry_run(
         capsys, "--config_path", SMALL, "--tpu_type", "v4-32", "--num_slices", "2", "--",
         *BUCKET, "--trainer.replica_dcn_axis_size", "-1", "--trainer.per_device_parallelism", "15",
     )  # fmt: skip
@@ -177,7 +177,9 @@ def test_credentials_travel_in_job_metadata_and_are_never_printed(capsys, monkey
 
 
 def test_run_id_flag_pins_every_attempt(capsys):
-    plan, config, _ = dry_run(capsys, "--config_path", SMALL, "--tpu_type", "v4-8", "--run_id", "small-try2", "--", *BUCKET)
+    plan, config, _ = dry_run(
+        capsys, "--config_path", SMALL, "--tpu_type", "v4-8", "--run_id", "small-try2", "--", *BUCKET
+    )
     assert plan["run_id"] == config["trainer"]["id"] == "small-try2"
     assert plan["ray_job"]["runtime_env"]["env_vars"]["RUN_ID"] == "small-try2"
     assert plan["ray_job"]["entrypoint"].endswith("--trainer.id small-try2")
@@ -188,7 +190,7 @@ def documented_launches():
     found = []
     for path in sorted((REPO / "config").glob("*.yaml")):
         lines = path.read_text().splitlines()
-        header = "\n".join(line[1:].strip() for line in itertools.takewhile(lambda l: l.startswith("#"), lines))
+        header = "\n".join(line[1:].strip() for line in itertools.takewhile(lambda text: text.startswith("#"), lines))
         for match in re.finditer(r"python -m levanter_mars\.infra\.launch (.+)", header.replace("\\\n", " ")):
             found.append(pytest.param(shlex.split(match.group(1)), id=f"{path.stem}-{len(found)}"))
     return found
@@ -217,12 +219,32 @@ def test_the_configs_document_single_and_multi_slice_launches():
         (["--config_path", SMALL, "--tpu_type", "v9-8", "--", *BUCKET], "--tpu_type: unknown slice type 'v9-8'"),
         (["--config_path", SMALL, "--tpu_type", "v4-8"], "YOUR-BUCKET"),
         (
-            ["--config_path", SMALL, "--tpu_type", "v4-8", "--", *BUCKET[2:], "--trainer.checkpointer.base_path", "/tmp/c"],
+            [
+                "--config_path",
+                SMALL,
+                "--tpu_type",
+                "v4-8",
+                "--",
+                *BUCKET[2:],
+                "--trainer.checkpointer.base_path",
+                "/tmp/c",
+            ],
             "trainer.checkpointer.base_path='/tmp/c' is local",
         ),
         (["--config_path", "config/gpt2_tiny_mars.yaml", "--tpu_type", "cpu", "--num_slices", "2"], "--num_slices 2"),
         (
-            ["--config_path", SMALL, "--tpu_type", "v4-32", "--num_slices", "2", "--", *BUCKET, "--trainer.replica_dcn_axis_size", "3"],
+            [
+                "--config_path",
+                SMALL,
+                "--tpu_type",
+                "v4-32",
+                "--num_slices",
+                "2",
+                "--",
+                *BUCKET,
+                "--trainer.replica_dcn_axis_size",
+                "3",
+            ],
             "trainer.replica_dcn_axis_size=3 must divide --num_slices=2",
         ),
         (

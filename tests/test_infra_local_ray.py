@@ -16,7 +16,14 @@ import psutil
 import pytest
 
 from levanter_mars.infra.local_cluster import LocalRayCluster
-from tests.helpers.ray_launch import files_containing, launched, launcher_command, launcher_env, training_process, wait_for
+from tests.helpers.ray_launch import (
+    files_containing,
+    launched,
+    launcher_command,
+    launcher_env,
+    training_process,
+    wait_for,
+)
 from tests.helpers.training import REPO, describe_failure, last_step, losses, output, run_cli, run_paths, tiny_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -34,7 +41,9 @@ def cluster():
     temp_dir = tempfile.mkdtemp(prefix="lm-ray-")  # short: Ray's socket paths must fit in 107 bytes
     # Processes that a careless stop would take down: one reading this cluster's logs, one named like Ray.
     decoys = [
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)", f"{temp_dir}/session_latest/logs/raylet.out"]),
+        subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(900)", f"{temp_dir}/session_latest/logs/raylet.out"]
+        ),
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)", "raylet", "gcs_server", "ray::IDLE"]),
     ]
     started = LocalRayCluster.start(temp_dir)

@@ -18,7 +18,16 @@ TRAIN_MODULE = "levanter_mars.main.train_lm"
 
 
 def launcher_command(config_path: Path, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "levanter_mars.infra.launch", "--config_path", str(config_path), "--tpu_type", "cpu", *flags]
+    return [
+        sys.executable,
+        "-m",
+        "levanter_mars.infra.launch",
+        "--config_path",
+        str(config_path),
+        "--tpu_type",
+        "cpu",
+        *flags,
+    ]
 
 
 def launcher_env(cluster_env: Mapping[str, str], secrets: Mapping[str, str]) -> dict[str, str]:

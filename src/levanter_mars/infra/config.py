@@ -28,7 +28,7 @@ class JobConfig:
     """What to train where: shared by the Ray launcher and the plain-gcloud launcher."""
 
     tpu_type: str
-    """Slice type, as in Levanter's TPU table (v4-32, v5litepod-16, v5p-8, v6e-8, ...), or ``cpu`` for the local engine."""
+    """Slice type from Levanter's TPU table (v4-32, v5litepod-16, v5p-8, v6e-8, ...), or ``cpu``: the local engine."""
     train_config: str = ""
     """The training YAML (given as ``--config_path``): a path inside the working directory, or a gs:// URL."""
     num_slices: int = 1
@@ -38,7 +38,7 @@ class JobConfig:
     preemption_retries: int = 100
     """Restarts after a preemption or a lost host, counted separately from ``retries``."""
     run_id: Optional[str] = None
-    """The run id every attempt resumes under. Default: the config's ``trainer.id``, else one derived from the config."""
+    """The run id every attempt resumes under. Default: the config's ``trainer.id``, else one derived from it."""
     secret_env: tuple[str, ...] = DEFAULT_SECRET_ENV
     """Environment variables copied from this shell to the training processes; their values are never printed."""
     dry_run: bool = False

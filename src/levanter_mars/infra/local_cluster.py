@@ -5,8 +5,8 @@ The node poses as worker 0 of a one-host slice: the ``TPU_*`` variables Ray read
 nor Levanter asks the GCE metadata server anything, and it offers the resources Levanter's scheduler requests
 (``TPU-cpu-head`` for the slice, ``TPU`` chips, 8 CPUs and 20 GB per host task: logical amounts, not a promise of
 hardware). Ray's own traps on such a machine are handled here: ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps every
-listener on 127.0.0.1, the dashboard's cloud probes and usage ping go to a closed loopback port (``local_node.py``), and
-token authentication is on, with the mode set the same way for the node and its clients.
+listener on 127.0.0.1, the dashboard's cloud probes and usage ping go to a closed loopback port (``local_node.py``),
+and token authentication is on, with the mode set the same way for the node and its clients.
 
 ``python -m levanter_mars.infra.local_cluster start|stop|env [--temp_dir DIR]``. ``stop`` ends only the processes of
 the cluster in DIR (never ``ray stop``, which ends every Ray on the machine).
@@ -167,7 +167,7 @@ class LocalRayCluster:
         Path(self.temp_dir, STATE_FILE).write_text(json.dumps(state))
 
     @classmethod
-    def load(cls, temp_dir: str) -> "LocalRayCluster":
+    def load(cls, temp_dir: str) -> LocalRayCluster:
         state = json.loads(Path(temp_dir, STATE_FILE).read_text())
         return cls(**state)
 
@@ -202,7 +202,9 @@ class LocalRayCluster:
 def main(argv: Sequence[str]) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m levanter_mars.infra.local_cluster", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m levanter_mars.infra.local_cluster", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("command", choices=["start", "stop", "env"])
     parser.add_argument("--temp_dir", default=None, help="the cluster's directory (start: default a new one in /tmp)")
     args = parser.parse_args(argv)

@@ -26,6 +26,4 @@ NODE_ENVIRONMENT = {**NODE_IDENTITY, **NO_OUTSIDE_REQUESTS}
 def without_node_environment(environ):
     """``environ`` minus what NODE_ENVIRONMENT set, and minus every ``TPU_*`` variable (Ray adds some per task):
     the training process may use the network (W&B, the HF hub) and must not think it is on a TPU."""
-    return {
-        k: v for k, v in environ.items() if not k.startswith("TPU_") and NODE_ENVIRONMENT.get(k) != v
-    }
+    return {k: v for k, v in environ.items() if not k.startswith("TPU_") and NODE_ENVIRONMENT.get(k) != v}

@@ -20,6 +20,7 @@ from levanter_mars.training import validation
 from levanter_mars.training.config import TrainLmConfig, parse_config
 from levanter_mars.training.run import stable_run_id
 
+
 def _plain(value: Any) -> Any:
     return value.value if isinstance(value, enum.Enum) else str(value)
 
@@ -92,7 +93,9 @@ def _check_for_pod(config: TrainLmConfig) -> None:
         )
 
 
-def prepare(job: JobConfig, overrides: Sequence[str], *, working_dir: str = ".", environ: Mapping[str, str] = os.environ) -> PreparedRun:
+def prepare(
+    job: JobConfig, overrides: Sequence[str], *, working_dir: str = ".", environ: Mapping[str, str] = os.environ
+) -> PreparedRun:
     """Parses, validates and plans; contacts nothing. Raises LaunchError or ConfigError naming the field."""
     kind = slice_type(job.tpu_type)
     if kind.is_local and job.num_slices != 1:
@@ -100,7 +103,11 @@ def prepare(job: JobConfig, overrides: Sequence[str], *, working_dir: str = ".",
     if not kind.is_local:
         _check_shipped_path(job.train_config, working_dir, "--config_path")
 
-    config_path = job.train_config if is_url(job.train_config) or os.path.isabs(job.train_config) else os.path.join(working_dir, job.train_config)
+    config_path = (
+        job.train_config
+        if is_url(job.train_config) or os.path.isabs(job.train_config)
+        else os.path.join(working_dir, job.train_config)
+    )
     config = parse_config(["--config_path", config_path, *overrides])
     run_id = job.run_id or stable_run_id(config)
     config.trainer.id = run_id

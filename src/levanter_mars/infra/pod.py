@@ -1,7 +1,8 @@
 """The Ray job's entrypoint, run on the cluster head: one training process per TPU host, via Levanter's
 ``run_on_pod``, which also restarts the slice after a preemption or a failure (counted separately).
 
-``python -m levanter_mars.infra.pod --tpu_type v4-32 [--num_slices N --retries K --preemption_retries P] -- <training args>``
+``python -m levanter_mars.infra.pod --tpu_type v4-32 [--num_slices N --retries K --preemption_retries P]
+[--secrets NAMES] [--workdir DIR] -- <training args>``
 
 Each host runs ``python -m levanter_mars.main.train_lm <training args>`` as a child process, so a crash of the
 training program is an ordinary failure of the Ray task (retried as a failure), while losing the host or its Ray
@@ -91,7 +92,9 @@ def main(argv: Sequence[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not kind.is_local and ray.cluster_resources().get(head_resource(kind.name), 0) < pod.num_slices:
-        logger.info("waiting for %d x %s: the autoscaler starts slices on demand", pod.num_slices, head_resource(kind.name))
+        logger.info(
+            "waiting for %d x %s: the autoscaler starts slices on demand", pod.num_slices, head_resource(kind.name)
+        )
 
     # max_retries=0: Ray must not silently re-run a host whose worker died; run_on_pod counts that as a preemption
     # and restarts the whole slice. max_calls=1: a fresh worker (and TPU runtime) per attempt, as run_on_pod requires.

@@ -153,4 +153,3 @@ def how_to_watch(submission: str, address: str) -> str:
             f"  stop:  ray job stop --address {address} {submission}",
         ]
     )
-

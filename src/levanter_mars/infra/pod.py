@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 
 import draccus
 import ray
+from levanter.infra.ray_tpu import run_on_pod
 from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
 
 from levanter_mars.infra.config import SECRET_METADATA_PREFIX, LaunchError, split_overrides
@@ -81,8 +82,6 @@ def main(argv: Sequence[str]) -> int:
     pod = draccus.parse(PodConfig, args=own)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     kind = slice_type(pod.tpu_type)
-    from levanter.infra.ray_tpu import run_on_pod
-
     try:
         secrets = take_secrets([name for name in pod.secrets.split(",") if name])
         ray.init()

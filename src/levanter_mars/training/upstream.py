@@ -33,6 +33,10 @@ Defects that need no code here (only a pin or a default) are listed too, with wh
 13. The eval harness fails on a mesh of more than one device in one process ("Received incompatible devices for
     jitted computation"): ``_LmEvalHarnessWorker.dispatch_loglikelihood`` drops the placed copy of the batch that
     ``_send_payload`` returns and passes the batch as packed, committed to device 0: :func:`eval_harness_on_mesh`.
+14. ``levanter.infra.tpus.get_current_tpu_is_preempted`` (``run_on_pod``'s health check of every slice, every
+    10 s, and its sorting of failures) asks the GCE metadata server, without a timeout, and raises where there is
+    none, so off GCP every attempt is torn down as unhealthy: the local engine's Ray workers answer "not
+    preempted" without the network (:func:`preemption_probe_off_gce`).
 """
 
 from __future__ import annotations
@@ -182,3 +186,16 @@ def eval_harness_on_mesh() -> Iterator[None]:
 
     with patched(_LmEvalHarnessWorker, dispatch_loglikelihood=dispatch_loglikelihood):
         yield
+
+
+def _not_preempted() -> bool:
+    return False
+
+
+def preemption_probe_off_gce() -> None:
+    """Defect 14. Replaces Levanter's GCE preemption probe in this process (a local-engine Ray worker)."""
+    import importlib
+
+    # Through sys.modules: this may run while the module is still being imported (infra/local_worker.py).
+    tpus = importlib.import_module("levanter.infra.tpus")
+    tpus.get_current_tpu_is_preempted = _not_preempted

@@ -26,7 +26,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def check_optimizer(optimizer) -> None:
+def check_optimizer(optimizer, num_train_steps: int = 10) -> None:
     """Ranges every optimizer shares (Levanter's own configs do not check them), then the loss-hook probe."""
     for name in vars(optimizer):
         value = getattr(optimizer, name)
@@ -37,10 +37,10 @@ def check_optimizer(optimizer) -> None:
         if (name.startswith("learning_rate") or name in ("weight_decay", "epsilon", "min_lr_ratio")) and value < 0:
             raise ConfigError(f"optimizer.{name} must be >= 0, got {value!r}")
     if getattr(optimizer, "exact", False):
-        check_loss_hook_reaches_optimizer(optimizer)
+        check_loss_hook_reaches_optimizer(optimizer, num_train_steps)
 
 
-def check_loss_hook_reaches_optimizer(optimizer) -> None:
+def check_loss_hook_reaches_optimizer(optimizer, num_train_steps: int = 10) -> None:
     """Exact MARS needs ``obj_fn``; a plain ``optax.GradientTransformation`` in a chain silently drops it."""
     import haliax as hax
     import haliax.nn as hnn
@@ -53,7 +53,8 @@ def check_loss_hook_reaches_optimizer(optimizer) -> None:
         return sum(jnp.sum(x) for x in jax.tree.leaves(p))
 
     # The trainer's NaN guard passes extra arguments the way optax does: only to transforms that accept them.
-    tx = optax.with_extra_args_support(optimizer.build(10))
+    # Built for the run's length: a schedule with more warmup steps than that would not build at all.
+    tx = optax.with_extra_args_support(optimizer.build(num_train_steps))
 
     def probe():
         state = tx.init(params)
@@ -176,7 +177,7 @@ def validate(config: TrainLmConfig, *, device_count: int | None = None) -> None:
     check_placeholders(config)
     check_trainer(config.trainer)
     check_model(config.model)
-    check_optimizer(config.optimizer)
+    check_optimizer(config.optimizer, config.trainer.num_train_steps)
     check_mesh(config.trainer, device_count)
     check_data(config.data)
     check_checkpoint_path(config)

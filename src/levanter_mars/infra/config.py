@@ -1,0 +1,106 @@
+"""Launcher configs (frozen draccus dataclasses) and their command line.
+
+``python -m levanter_mars.infra.launch --config_path X.yaml --tpu_type v4-32 [--flag value ...] [-- overrides]``:
+everything after ``--`` is passed to the training command (``--trainer.num_train_steps 100``). ``--config_path``
+names the *training* config (draccus reserves that name for its own use, so it is read here first).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional, Sequence, TypeVar
+
+import draccus
+
+# Credentials handed from the launching shell to every training process, never to disk or a log.
+DEFAULT_SECRET_ENV = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+# Where a Ray job carries them: its metadata (see ray_job.py for why not its runtime environment).
+SECRET_METADATA_PREFIX = "levanter_mars.secret."
+
+
+class LaunchError(ValueError):
+    """Bad launcher input or an unusable cluster: the message names the flag, field or resource."""
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """What to train where: shared by the Ray launcher and the plain-gcloud launcher."""
+
+    tpu_type: str
+    """Slice type from Levanter's TPU table (v4-32, v5litepod-16, v5p-8, v6e-8, ...), or ``cpu``: the local engine."""
+    train_config: str = ""
+    """The training YAML (given as ``--config_path``): a path inside the working directory, or a gs:// URL."""
+    num_slices: int = 1
+    """How many slices (multi-slice data parallelism over DCN)."""
+    retries: int = 3
+    """Restarts after a failure of the training program (a non-zero exit), each resuming from the newest checkpoint."""
+    preemption_retries: int = 100
+    """Restarts after a preemption or a lost host, counted separately from ``retries``."""
+    run_id: Optional[str] = None
+    """The run id every attempt resumes under. Default: the config's ``trainer.id``, else one derived from it."""
+    secret_env: tuple[str, ...] = DEFAULT_SECRET_ENV
+    """Environment variables copied from this shell to the training processes; their values are never printed."""
+    dry_run: bool = False
+    """Print the resolved config, the job, its environment (secrets redacted) and the resources; contact nothing."""
+
+
+@dataclass(frozen=True)
+class RayLaunchConfig(JobConfig):
+    """``python -m levanter_mars.infra.launch``: submit the run as a Ray job."""
+
+    address: Optional[str] = None
+    """Ray dashboard address (``http://127.0.0.1:8265``). Default: ``$RAY_ADDRESS``, else http://127.0.0.1:8265."""
+    follow: bool = True
+    """Stream the job's log until it ends and exit with its status; otherwise print how to watch it and return."""
+    working_dir: str = "."
+    """Shipped to the cluster with the job (TPU types): the code and configs the hosts run. The local engine runs
+    in this directory directly, so relative paths in the config (checkpoints, logs) land where you expect."""
+
+
+ConfigT = TypeVar("ConfigT", bound=JobConfig)
+
+_CONFIG_FLAG = "--config_path"
+
+
+def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``[launcher flags] -- [training overrides]``."""
+    argv = list(argv)
+    if "--" in argv:
+        index = argv.index("--")
+        return argv[:index], argv[index + 1 :]
+    return argv, []
+
+
+def parse_args(argv: Sequence[str], config_class: type[ConfigT]) -> tuple[ConfigT, list[str]]:
+    """Returns the launcher config and the training overrides. Raises :class:`LaunchError` naming the flag."""
+    own, overrides = split_overrides(argv)
+    switches = {f"--{f.name}" for f in dataclasses.fields(config_class) if f.type in (bool, "bool")}
+    renamed: list[str] = []
+    for i, arg in enumerate(own):
+        if arg == _CONFIG_FLAG:
+            arg = "--train_config"
+        elif arg.startswith(_CONFIG_FLAG + "="):
+            arg = "--train_config=" + arg[len(_CONFIG_FLAG) + 1 :]
+        renamed.append(arg)
+        if arg in switches and (i + 1 == len(own) or own[i + 1].startswith("--")):
+            renamed.append("true")  # a bare switch (`--dry_run`) means true
+    try:
+        config = draccus.parse(config_class, args=renamed)
+    except SystemExit as e:  # argparse reports the problem on stderr itself
+        raise LaunchError(f"bad arguments for {config_class.__name__} (see the message above): {' '.join(own)}") from e
+    except (draccus.utils.DecodingError, draccus.utils.ParsingError, ValueError) as e:
+        raise LaunchError(str(e)) from e
+    check(config)
+    return config, overrides
+
+
+def check(config: JobConfig) -> None:
+    if not config.train_config:
+        raise LaunchError("--config_path is required: the training YAML")
+    if config.num_slices < 1:
+        raise LaunchError(f"--num_slices must be >= 1, got {config.num_slices}")
+    if config.retries < 0:
+        raise LaunchError(f"--retries must be >= 0, got {config.retries}")
+    if config.preemption_retries < 0:
+        raise LaunchError(f"--preemption_retries must be >= 0, got {config.preemption_retries}")

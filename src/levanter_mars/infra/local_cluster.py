@@ -1,0 +1,231 @@
+"""The local engine: a one-node Ray cluster on this machine, bound to 127.0.0.1, that runs ``--tpu_type cpu`` jobs
+through exactly the code path a TPU pod uses (Levanter's ``run_on_pod``).
+
+The node poses as worker 0 of a one-host slice: the ``TPU_*`` variables Ray reads on GKE name it, so neither Ray
+nor Levanter asks the GCE metadata server anything, and it offers the resources Levanter's scheduler requests
+(``TPU-cpu-head`` for the slice, ``TPU`` chips, 8 CPUs and 20 GB per host task: logical amounts, not a promise of
+hardware). Ray's own traps on such a machine are handled here: ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps every
+listener on 127.0.0.1, the dashboard's cloud probes and usage ping go to a closed loopback port (``local_node.py``),
+and token authentication is on, with the mode set the same way for the node and its clients.
+
+``python -m levanter_mars.infra.local_cluster start|stop|env [--temp_dir DIR]``. ``stop`` ends only the processes of
+the cluster in DIR (never ``ray stop``, which ends every Ray on the machine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+from levanter_mars.infra.local_node import NODE_ENVIRONMENT
+from levanter_mars.infra.slices import HOST_TASK_CPUS, HOST_TASK_MEMORY_BYTES, LOCAL_SLICE, head_resource, slice_type
+
+STATE_FILE = "levanter_mars_cluster.json"
+TOKEN_FILE = "auth_token"
+OBJECT_STORE_BYTES = 200 * 10**6  # the launcher moves no data through Ray: keep /dev/shm use small
+
+LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def node_resources() -> dict[str, float]:
+    return {"TPU": slice_type(LOCAL_SLICE).chips_per_host, head_resource(LOCAL_SLICE): 1}
+
+
+def ray_start_args(
+    *,
+    gcs_port: int = 6379,
+    dashboard_port: int = 8265,
+    temp_dir: Optional[str] = None,
+    extra_ports: Optional[Mapping[str, int]] = None,
+) -> list[str]:
+    """``ray start`` for the local engine's head node (ports and temp dir are for running several side by side)."""
+    args = [
+        "ray", "start", "--head",
+        "--node-ip-address", "127.0.0.1",
+        "--port", str(gcs_port),
+        "--dashboard-host", "127.0.0.1",
+        "--dashboard-port", str(dashboard_port),
+        "--num-cpus", str(HOST_TASK_CPUS + 1),
+        "--memory", str(HOST_TASK_MEMORY_BYTES + 10**9),
+        "--object-store-memory", str(OBJECT_STORE_BYTES),
+        "--resources", json.dumps(node_resources(), separators=(",", ":")),
+        "--disable-usage-stats",
+    ]  # fmt: skip
+    for flag, port in (extra_ports or {}).items():
+        args += [f"--{flag}", str(port)]
+    if temp_dir:
+        args += ["--temp-dir", temp_dir]
+    return args
+
+
+def ray_start_hint() -> str:
+    env = " ".join(f"{k}={v}" for k, v in {**LOOPBACK_ONLY, "RAY_AUTH_MODE": "token", **NODE_ENVIRONMENT}.items())
+    return f"  {env} \\\n    {shlex.join(ray_start_args())}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# `ray start` flags of the listeners a second cluster on the machine would otherwise collide on.
+_PORT_FLAGS = (
+    "ray-client-server-port",
+    "node-manager-port",
+    "object-manager-port",
+    "metrics-export-port",
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "runtime-env-agent-port",
+)
+
+
+@dataclass
+class LocalRayCluster:
+    """A local-engine head node in its own temp dir, ports and auth token; stopped by its own process ids."""
+
+    temp_dir: str
+    gcs_port: int = 0
+    dashboard_port: int = 0
+    pids: list[int] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        """The job API (what the launcher's ``--address`` takes)."""
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    @property
+    def gcs_address(self) -> str:
+        return f"127.0.0.1:{self.gcs_port}"
+
+    @property
+    def token_path(self) -> str:
+        return os.path.join(self.temp_dir, TOKEN_FILE)
+
+    def client_env(self) -> dict[str, str]:
+        """What a client (the launcher, ``ray job ...``) needs in its environment to reach this cluster."""
+        return {
+            **LOOPBACK_ONLY,
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": self.token_path,
+            "RAY_ADDRESS": self.address,
+        }
+
+    @classmethod
+    def start(cls, temp_dir: Optional[str] = None, environ: Optional[Mapping[str, str]] = None, timeout: float = 120):
+        temp_dir = temp_dir or tempfile.mkdtemp(prefix="lm-ray-")  # short: Ray's socket paths must fit 107 bytes
+        os.makedirs(temp_dir, exist_ok=True)
+        cluster = cls(temp_dir=os.path.realpath(temp_dir), gcs_port=_free_port(), dashboard_port=_free_port())
+        with open(os.open(cluster.token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write(secrets.token_hex(32))
+        env = {**(environ if environ is not None else os.environ), **NODE_ENVIRONMENT, **cluster.client_env()}
+        env.pop("RAY_ADDRESS")  # a head node must not join another cluster
+        ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+        args = ray_start_args(
+            gcs_port=cluster.gcs_port,
+            dashboard_port=cluster.dashboard_port,
+            temp_dir=cluster.temp_dir,
+            extra_ports={flag: _free_port() for flag in _PORT_FLAGS},
+        )
+        proc = subprocess.run([ray_bin, *args[1:]], env=env, capture_output=True, text=True, timeout=timeout)
+        cluster.pids = cluster._find_pids()
+        if proc.returncode != 0:
+            cluster.stop()
+            raise RuntimeError(f"ray start failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        cluster._save()
+        return cluster
+
+    def _find_pids(self) -> list[int]:
+        """Every process of this cluster: Ray's daemons started with its temp dir, and all their descendants
+        (workers, job drivers, training processes)."""
+        import psutil
+
+        found: dict[int, psutil.Process] = {}
+        for proc in psutil.process_iter(["cmdline"]):
+            cmdline = proc.info["cmdline"] or ()
+            try:
+                if any(self.temp_dir in arg for arg in cmdline) and any("/ray/" in arg for arg in cmdline):
+                    found[proc.pid] = proc
+                    for child in proc.children(recursive=True):
+                        found[child.pid] = child
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return sorted(found)
+
+    def _save(self) -> None:
+        state = {"temp_dir": self.temp_dir, "gcs_port": self.gcs_port, "dashboard_port": self.dashboard_port}
+        Path(self.temp_dir, STATE_FILE).write_text(json.dumps(state))
+
+    @classmethod
+    def load(cls, temp_dir: str) -> LocalRayCluster:
+        state = json.loads(Path(temp_dir, STATE_FILE).read_text())
+        return cls(**state)
+
+    def stop(self, grace: float = 10.0) -> list[int]:
+        """Terminates this cluster's processes (found again now: workers come and go), then kills stragglers."""
+        import psutil
+
+        procs = []
+        for pid in set(self.pids) | set(self._find_pids()):
+            try:
+                procs.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                continue
+        for proc in procs:
+            try:
+                proc.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=grace)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=grace)
+        return sorted(p.pid for p in procs)
+
+    def is_running(self) -> bool:
+        return bool(self._find_pids())
+
+
+def main(argv: Sequence[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m levanter_mars.infra.local_cluster", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("command", choices=["start", "stop", "env"])
+    parser.add_argument("--temp_dir", default=None, help="the cluster's directory (start: default a new one in /tmp)")
+    args = parser.parse_args(argv)
+    if args.command == "start":
+        cluster = LocalRayCluster.start(args.temp_dir)
+        print(f"# local Ray cluster up in {cluster.temp_dir}; point clients at it with:")
+        for k, v in cluster.client_env().items():
+            print(f"export {k}={shlex.quote(v)}")
+        print(f"# stop it with: python -m levanter_mars.infra.local_cluster stop --temp_dir {cluster.temp_dir}")
+        return 0
+    if not args.temp_dir:
+        parser.error(f"{args.command} needs --temp_dir (the directory `start` printed)")
+    cluster = LocalRayCluster.load(args.temp_dir)
+    if args.command == "env":
+        for k, v in cluster.client_env().items():
+            print(f"export {k}={shlex.quote(v)}")
+        return 0
+    stopped = cluster.stop()
+    print(f"stopped {len(stopped)} process(es) of the cluster in {cluster.temp_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

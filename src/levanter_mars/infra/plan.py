@@ -1,0 +1,145 @@
+"""Resolving a launch before anything is contacted: the training config, the run id, the checks, the mesh, the
+credentials to forward. Shared by the Ray launcher and the plain-gcloud launcher."""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import sys
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import draccus
+import yaml
+
+from levanter_mars.infra.config import JobConfig, LaunchError
+from levanter_mars.infra.slices import MeshPlan, SliceType, plan_mesh, slice_type
+from levanter_mars.training import validation
+from levanter_mars.training.config import TrainLmConfig, parse_config
+from levanter_mars.training.run import stable_run_id
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, enum.Enum) else str(value)
+
+
+REDACTED = "<redacted: copied from the launching shell's environment>"
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    job: JobConfig
+    slice: SliceType
+    config: TrainLmConfig
+    run_id: str
+    train_argv: tuple[str, ...]
+    """The training command's arguments on every host: the config, the overrides, and the pinned run id."""
+    mesh: MeshPlan
+    secrets: Mapping[str, str]
+    """Values of ``job.secret_env`` found in the environment: passed on, never printed."""
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "tpu_type": self.slice.name,
+            "slices": self.job.num_slices,
+            "hosts": {"per_slice": self.slice.hosts, "total": self.slice.hosts * self.job.num_slices},
+            "retries": {"failure": self.job.retries, "preemption": self.job.preemption_retries},
+            "resources": self.slice.job_resources(self.job.num_slices),
+            "mesh": self.mesh.describe(),
+            "secrets_forwarded": {name: REDACTED for name in sorted(self.secrets)},
+            "secrets_not_set": sorted(set(self.job.secret_env) - set(self.secrets)),
+            "training_command": ["python", "-m", "levanter_mars.main.train_lm", *self.train_argv],
+        }
+
+    def report(self, sections: Mapping[str, Any], commands: str = "") -> str:
+        """The dry-run text: the plan (with ``sections``), any commands, and the resolved training config."""
+        plan = {"dry_run": "nothing was contacted (no Ray, no GCP)", **sections, **self.describe()}
+        text = "# levanter-mars launch plan\n" + yaml.safe_dump(plan, sort_keys=False, default_flow_style=False)
+        if commands:
+            text += "---\n# commands, in order\n" + commands + "\n"
+        return text + "---\n# resolved training config\n" + self.resolved_config_yaml()
+
+    def resolved_config_yaml(self) -> str:
+        plain = json.loads(json.dumps(draccus.encode(self.config), default=_plain))
+        return yaml.safe_dump(plain, sort_keys=False, default_flow_style=False)
+
+
+def is_url(path: str) -> bool:
+    return bool(urllib.parse.urlparse(path).scheme) and "://" in path
+
+
+def _check_shipped_path(path: str, working_dir: str, flag: str) -> None:
+    """On a pod the training config must reach the hosts: inside the shipped working directory, or a URL."""
+    if is_url(path):
+        return
+    absolute = os.path.realpath(os.path.join(working_dir, path) if not os.path.isabs(path) else path)
+    root = os.path.realpath(working_dir)
+    if os.path.commonpath([absolute, root]) != root:
+        raise LaunchError(
+            f"{flag} {path!r} is outside the working directory {root!r} that is shipped to the hosts: "
+            "move it inside, or use a gs:// URL"
+        )
+
+
+def _check_for_pod(config: TrainLmConfig) -> None:
+    base = config.trainer.checkpointer.base_path
+    if not is_url(str(base)):
+        raise LaunchError(
+            f"trainer.checkpointer.base_path={base!r} is local, but on a pod every host writes its shards there and "
+            "a retry on a fresh VM must find them: use a gs:// bucket"
+        )
+
+
+def prepare(
+    job: JobConfig, overrides: Sequence[str], *, working_dir: str = ".", environ: Mapping[str, str] = os.environ
+) -> PreparedRun:
+    """Parses, validates and plans; contacts nothing. Raises LaunchError or ConfigError naming the field."""
+    kind = slice_type(job.tpu_type)
+    if kind.is_local and job.num_slices != 1:
+        raise LaunchError(f"--num_slices {job.num_slices}: the local engine ({job.tpu_type}) has one slice")
+    if not kind.is_local:
+        _check_shipped_path(job.train_config, working_dir, "--config_path")
+
+    config_path = (
+        job.train_config
+        if is_url(job.train_config) or os.path.isabs(job.train_config)
+        else os.path.join(working_dir, job.train_config)
+    )
+    config = parse_config(["--config_path", config_path, *overrides])
+    run_id = job.run_id or stable_run_id(config)
+    config.trainer.id = run_id
+
+    validation.check_placeholders(config)
+    validation.check_trainer(config.trainer)
+    validation.check_model(config.model)
+    validation.check_optimizer(config.optimizer, config.trainer.num_train_steps)
+    mesh = plan_mesh(config.trainer, kind.devices, job.num_slices)
+    validation.check_mesh(config.trainer, mesh.devices)
+    if not kind.is_local:
+        _check_for_pod(config)
+
+    secrets = {name: environ[name] for name in job.secret_env if environ.get(name)}
+    train_argv = ("--config_path", job.train_config, *overrides, "--trainer.id", run_id)
+    return PreparedRun(job, kind, config, run_id, train_argv, mesh, secrets)
+
+
+def prepare_cli(
+    argv: Sequence[str], config_class: type, checks: Sequence[Callable[[Any], None]] = ()
+) -> tuple[Any, PreparedRun] | int:
+    """The launchers' common start: parse, check, prepare. On bad input prints the error and returns exit code 2."""
+    from levanter_mars.infra.config import parse_args
+    from levanter_mars.training.config import ConfigError
+
+    try:
+        launch, overrides = parse_args(argv, config_class)
+        for check in checks:
+            check(launch)
+        return launch, prepare(launch, overrides, working_dir=getattr(launch, "working_dir", "."))
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+    except LaunchError as e:
+        print(f"error: {e}", file=sys.stderr)
+    return 2

@@ -1,0 +1,117 @@
+"""The Ray job's entrypoint, run on the cluster head: one training process per TPU host, via Levanter's
+``run_on_pod``, which also restarts the slice after a preemption or a failure (counted separately).
+
+``python -m levanter_mars.infra.pod --tpu_type v4-32 [--num_slices N --retries K --preemption_retries P]
+[--secrets NAMES] [--workdir DIR] -- <training args>``
+
+Each host runs ``python -m levanter_mars.main.train_lm <training args>`` as a child process, so a crash of the
+training program is an ordinary failure of the Ray task (retried as a failure), while losing the host or its Ray
+worker is a preemption. Every attempt uses the same run id and so resumes from the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import draccus
+import ray
+from levanter.infra.ray_tpu import run_on_pod
+from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
+
+from levanter_mars.infra.config import SECRET_METADATA_PREFIX, LaunchError, split_overrides
+from levanter_mars.infra.host import host_task
+from levanter_mars.infra.local_node import LOCAL_SLICE_NAME
+from levanter_mars.infra.slices import HOST_TASK_CPUS, HOST_TASK_MEMORY_BYTES, LOCAL_SLICE, head_resource, slice_type
+
+logger = logging.getLogger("levanter_mars.infra.pod")
+
+
+@dataclass(frozen=True)
+class PodConfig:
+    tpu_type: str
+    num_slices: int = 1
+    retries: int = 3
+    preemption_retries: int = 100
+    workdir: Optional[str] = None
+    """Run training in this directory (the local engine); default: the job's working directory (shipped checkout)."""
+    secrets: str = ""
+    """Comma-separated names of the credentials the launcher put in the job's metadata."""
+
+
+def take_secrets(names: Sequence[str], environ=os.environ) -> dict[str, str]:
+    """Takes the credentials out of the job config Ray's job supervisor hands this driver, before ``ray.init``
+    would register them with the cluster. Raises LaunchError if one the launcher sent is not there."""
+    config = json.loads(environ.get(RAY_JOB_CONFIG_JSON_ENV_VAR, "{}"))
+    metadata = config.get("metadata") or {}
+    found = {name: metadata.pop(SECRET_METADATA_PREFIX + name, None) for name in names}
+    missing = sorted(name for name, value in found.items() if value is None)
+    if missing:
+        raise LaunchError(f"credentials {missing} were sent with the job but did not reach its driver")
+    if RAY_JOB_CONFIG_JSON_ENV_VAR in environ:
+        environ[RAY_JOB_CONFIG_JSON_ENV_VAR] = json.dumps(config)
+    return found
+
+
+def check_local_cluster(resources: dict[str, float], chips: int) -> None:
+    """The local engine's node must offer what Levanter's scheduler asks of a one-host slice, or the job waits
+    forever; say which resource is missing and how to start the node."""
+    needed = {
+        head_resource(LOCAL_SLICE): 1,
+        LOCAL_SLICE_NAME: 1,
+        "TPU": chips,
+        "CPU": HOST_TASK_CPUS + 1,
+        "memory": HOST_TASK_MEMORY_BYTES,
+    }
+    missing = {k: v for k, v in needed.items() if resources.get(k, 0) < v}
+    if missing:
+        from levanter_mars.infra.local_cluster import ray_start_hint
+
+        raise LaunchError(
+            f"the Ray cluster cannot run the local engine: it lacks {missing} (it has {resources}). "
+            f"Start it with:\n{ray_start_hint()}"
+        )
+
+
+def main(argv: Sequence[str]) -> int:
+    own, train_argv = split_overrides(argv)
+    pod = draccus.parse(PodConfig, args=own)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    kind = slice_type(pod.tpu_type)
+    try:
+        secrets = take_secrets([name for name in pod.secrets.split(",") if name])
+        ray.init()
+        if kind.is_local:
+            check_local_cluster(ray.cluster_resources(), kind.chips_per_host)
+    except LaunchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not kind.is_local and ray.cluster_resources().get(head_resource(kind.name), 0) < pod.num_slices:
+        logger.info(
+            "waiting for %d x %s: the autoscaler starts slices on demand", pod.num_slices, head_resource(kind.name)
+        )
+
+    # max_retries=0: Ray must not silently re-run a host whose worker died; run_on_pod counts that as a preemption
+    # and restarts the whole slice. max_calls=1: a fresh worker (and TPU runtime) per attempt, as run_on_pod requires.
+    remote = ray.remote(max_calls=1, max_retries=0)(host_task(train_argv, pod.workdir, kind.is_local, secrets))
+    try:
+        results = run_on_pod(
+            remote,
+            pod.tpu_type,
+            num_slices=pod.num_slices,
+            max_retries_preemption=pod.preemption_retries,
+            max_retries_failure=pod.retries,
+        )
+    except Exception as e:  # noqa: BLE001 - run_on_pod re-raises the last problem when out of retries
+        print(f"error: gave up after retries: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    print(f"training finished on {len(results)} host(s): {results}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

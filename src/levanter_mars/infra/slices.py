@@ -1,0 +1,193 @@
+"""TPU slice types, the Ray resources that target them, and the device mesh a training config gets on them.
+
+Slice geometry comes from Levanter's table (``levanter.infra.ray_tpu.TPU_CONFIGS``), the one its scheduler
+(``run_on_pod``) uses, and the mesh arithmetic from Levanter's ``TrainerConfig`` properties, so a dry run shows
+what the hosts will build.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import types
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from levanter.infra.ray_tpu import TPU_CONFIGS, get_tpu_config
+from levanter.trainer import TrainerConfig
+
+from levanter_mars.infra.config import LaunchError
+from levanter_mars.infra.local_node import LOCAL_POSES_AS
+
+LOCAL_SLICE = "cpu"
+"""``--tpu_type cpu``: the local engine, a Ray cluster on this machine whose one node poses as a one-host slice."""
+
+# What levanter.infra.ray_tpu.TPUHostActor.run_remote_fn asks of every host besides its chips (levanter
+# 1.2.dev1644). A node that cannot offer them never gets the task: the local engine must declare them.
+HOST_TASK_CPUS = 8
+HOST_TASK_MEMORY_BYTES = 20 * 10**9
+
+
+# The TPU VM software image (gcloud --runtime-version / node_config.runtimeVersion) for JAX, per generation.
+RUNTIME_VERSIONS = {
+    "v4": "tpu-ubuntu2204-base",
+    "v5litepod": "v2-alpha-tpuv5-lite",
+    "v5p": "v2-alpha-tpuv5",
+    "v6e": "v2-alpha-tpuv6e",
+}
+
+
+def head_resource(tpu_type: str) -> str:
+    """The Ray resource worker 0 of a slice carries, and one slice of a job asks for (Ray and Levanter's naming)."""
+    return f"TPU-{tpu_type}-head"
+
+
+@dataclass(frozen=True)
+class SliceType:
+    name: str
+    hosts: int
+    """VMs in the slice: one training process each."""
+    chips_per_host: int
+    devices: int
+    """JAX devices in the slice (one per chip on v4/v5p megacore and on v5e/v6e)."""
+
+    @property
+    def is_local(self) -> bool:
+        return self.name == LOCAL_SLICE
+
+    @property
+    def generation(self) -> str:
+        return self.name.split("-")[0]
+
+    @property
+    def runtime_version(self) -> str:
+        return RUNTIME_VERSIONS[self.generation]
+
+    def host_resources(self) -> dict[str, float]:
+        """What each host's training task asks Ray for."""
+        return {"TPU": self.chips_per_host, "CPU": HOST_TASK_CPUS, "memory": HOST_TASK_MEMORY_BYTES}
+
+    def job_resources(self, num_slices: int) -> dict[str, Any]:
+        return {
+            "per_slice": {head_resource(self.name): 1},
+            "per_host": self.host_resources(),
+            "hosts_per_slice": self.hosts,
+            "slices": num_slices,
+            "total": {
+                head_resource(self.name): num_slices,
+                **{k: v * self.hosts * num_slices for k, v in self.host_resources().items()},
+            },
+        }
+
+
+def local_device_count(environ: Mapping[str, str] = os.environ) -> int:
+    """CPU devices JAX will see: 1 unless XLA_FLAGS forces more."""
+    match = re.search(r"--xla_force_host_platform_device_count=(\d+)", environ.get("XLA_FLAGS", ""))
+    return int(match.group(1)) if match else 1
+
+
+def slice_type(name: str) -> SliceType:
+    if name == LOCAL_SLICE:
+        posing = get_tpu_config(LOCAL_POSES_AS)
+        return SliceType(LOCAL_SLICE, hosts=1, chips_per_host=posing.chips_per_vm, devices=local_device_count())
+    try:
+        config = get_tpu_config(name)
+    except ValueError:
+        known = ", ".join(c.name for c in TPU_CONFIGS)
+        raise LaunchError(f"--tpu_type: unknown slice type {name!r}; known: {LOCAL_SLICE}, {known}") from None
+    if name.split("-")[0] not in RUNTIME_VERSIONS:
+        raise LaunchError(f"--tpu_type {name!r}: no TPU runtime version known for it ({sorted(RUNTIME_VERSIONS)})")
+    return SliceType(name, hosts=config.vm_count, chips_per_host=config.chips_per_vm, devices=config.chip_count)
+
+
+@dataclass(frozen=True)
+class MeshPlan:
+    """The (replica, data, model) device mesh Levanter builds, split into its ICI (in-slice) and DCN (across
+    slices) factors, and how the batch lands on it."""
+
+    num_slices: int
+    devices_per_slice: int
+    ici: dict[str, int]
+    dcn: dict[str, int]
+    axes: dict[str, int]
+    batch_size: int | None
+    examples_per_device_step: int | None
+    microbatches: int | None
+
+    @property
+    def devices(self) -> int:
+        return self.num_slices * self.devices_per_slice
+
+    def warnings(self) -> list[str]:
+        out = []
+        if self.dcn["data"] > 1:
+            out.append(
+                f"parameters are FSDP-sharded across {self.dcn['data']} slices over DCN (slow all-gathers every "
+                "step); set trainer.replica_dcn_axis_size=-1 to replicate them across slices instead"
+            )
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "devices": self.devices,
+            "slices": self.num_slices,
+            "devices_per_slice": self.devices_per_slice,
+            "mesh_axes": dict(self.axes),
+            "ici_per_slice": dict(self.ici),
+            "dcn_across_slices": dict(self.dcn),
+            "batch": {
+                "train_batch_size": self.batch_size,
+                "sharded_over": "replica x data",
+                "examples_per_device_per_microbatch": self.examples_per_device_step,
+                "microbatches_per_step": self.microbatches,
+            },
+            "warnings": self.warnings(),
+        }
+
+
+def plan_mesh(trainer: TrainerConfig, devices_per_slice: int, num_slices: int) -> MeshPlan:
+    """Levanter's mesh for ``trainer`` on ``num_slices`` x ``devices_per_slice`` devices, computed with
+    ``TrainerConfig``'s own property code on a stand-in for the (not yet existing) device list."""
+    replica_dcn = num_slices if trainer.replica_dcn_axis_size == -1 else trainer.replica_dcn_axis_size
+    if replica_dcn < 1 or num_slices % replica_dcn:
+        raise LaunchError(
+            f"trainer.replica_dcn_axis_size={trainer.replica_dcn_axis_size} must divide --num_slices={num_slices} "
+            "(or be -1: one replica per slice)"
+        )
+    mesh = types.SimpleNamespace(
+        num_slices=num_slices,
+        num_devices_per_slice=devices_per_slice,
+        replica_ici_axis_size=trainer.replica_ici_axis_size,
+        model_axis_size=trainer.model_axis_size,
+        replica_dcn_axis_size=replica_dcn,
+    )
+    if devices_per_slice % (mesh.replica_ici_axis_size * mesh.model_axis_size):
+        raise LaunchError(
+            f"trainer.replica_ici_axis_size={mesh.replica_ici_axis_size} x trainer.model_axis_size="
+            f"{mesh.model_axis_size} must divide the {devices_per_slice} devices of one slice"
+        )
+    mesh.data_ici_axis_size = TrainerConfig.data_ici_axis_size.fget(mesh)
+    mesh.data_dcn_axis_size = TrainerConfig.data_dcn_axis_size.fget(mesh)
+    batch_axis = TrainerConfig.data_axis_size.fget(mesh)  # Levanter's name for replica x data
+
+    batch = trainer.train_batch_size if isinstance(trainer.train_batch_size, int) else None
+    per_device = trainer.per_device_parallelism
+    if batch is not None and batch > 0 and per_device < 0:
+        per_device = batch // batch_axis
+    microbatches = None
+    if batch is not None and batch > 0 and per_device > 0 and batch % (per_device * batch_axis) == 0:
+        microbatches = batch // (per_device * batch_axis)
+    return MeshPlan(
+        num_slices=num_slices,
+        devices_per_slice=devices_per_slice,
+        ici={"replica": mesh.replica_ici_axis_size, "data": mesh.data_ici_axis_size, "model": mesh.model_axis_size},
+        dcn={"replica": replica_dcn, "data": mesh.data_dcn_axis_size, "model": 1},
+        axes={
+            "replica": mesh.replica_ici_axis_size * replica_dcn,
+            "data": mesh.data_ici_axis_size * mesh.data_dcn_axis_size,
+            "model": mesh.model_axis_size,
+        },
+        batch_size=batch,
+        examples_per_device_step=per_device if per_device > 0 else None,
+        microbatches=microbatches,
+    )

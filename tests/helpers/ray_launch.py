@@ -1,0 +1,86 @@
+"""Running the launcher against a local Ray cluster, and finding the processes it starts, for end-to-end tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Mapping, Optional
+
+import psutil
+
+from tests.helpers.training import REPO
+
+TRAIN_MODULE = "levanter_mars.main.train_lm"
+
+
+def launcher_command(config_path: Path, *flags: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "levanter_mars.infra.launch",
+        "--config_path",
+        str(config_path),
+        "--tpu_type",
+        "cpu",
+        *flags,
+    ]
+
+
+def launcher_env(cluster_env: Mapping[str, str], secrets: Mapping[str, str]) -> dict[str, str]:
+    env = {**os.environ, **cluster_env, **secrets}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO), env.get("PYTHONPATH", "")])
+    return env
+
+
+@contextlib.contextmanager
+def launched(config_path: Path, env: Mapping[str, str], log_path: Path, *flags: str) -> Iterator[subprocess.Popen]:
+    """The launcher running in the background (its output in ``log_path``); killed on exit if still running."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            launcher_command(config_path, *flags), cwd=REPO, env=dict(env), stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def training_process(config_path: Path) -> Optional[psutil.Process]:
+    """The training process of the run of ``config_path`` (unique per test), if one is running."""
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if TRAIN_MODULE in cmdline and str(config_path) in cmdline:
+            return proc
+    return None
+
+
+def wait_for(condition: Callable[[], object], timeout: float = 300, poll: float = 0.05, what: str = "condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(poll)
+    raise TimeoutError(f"{what} did not happen within {timeout:.0f}s")
+
+
+def files_containing(roots: Iterable[Path], needles: Iterable[str]) -> list[str]:
+    """Every file under ``roots`` whose bytes contain one of ``needles``."""
+    encoded = [n.encode() for n in needles]
+    found = []
+    for root in roots:
+        for path in Path(root).rglob("*"):
+            try:
+                if path.is_file() and not path.is_symlink():
+                    data = path.read_bytes()
+                    if any(n in data for n in encoded):
+                        found.append(str(path))
+            except OSError:
+                continue
+    return found

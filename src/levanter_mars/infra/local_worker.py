@@ -1,6 +1,6 @@
 """Ray ``worker_process_setup_hook`` of local-engine jobs.
 
-It runs first in every worker process of the job, so it imports nothing heavy: upstream defect 11's fix (Levanter's
+It runs first in every worker process of the job, so it imports nothing heavy: upstream defect 14's fix (Levanter's
 preemption probe asks the GCE metadata server) is applied when Levanter first imports the probe's module, which
 only the scheduling workers do.
 """

@@ -84,8 +84,11 @@ def main(argv=None) -> None:
     if args.parallel is None:
         args.parallel = 2 if args.quick else 1
 
-    # Seed by seed, so that a sweep stopped early has every optimizer on the same seeds.
-    plan = [(spec, lr, seed) for seed in seeds for spec in specs for lr in spec.learning_rates]
+    # The main comparison (AdamW, MARS-AdamW) first, then the other variants, each seed by seed: a sweep stopped
+    # early (and resumed later by the same command) has answered the main question first.
+    main = (conv.BASELINE, conv.MAIN_CONTENDER)
+    groups = [[s for s in specs if s.name in main], [s for s in specs if s.name not in main]]
+    plan = [(spec, lr, seed) for group in groups for seed in seeds for spec in group for lr in spec.learning_rates]
     start = time.perf_counter()
     # The embedded corpus and its token caches are built by the first run, before any other starts.
     conv.prepare_corpus(base, workdir, overrides)

@@ -34,7 +34,10 @@ class Case:
 class Timing:
     name: str
     seconds: list[float]
-    """Seconds per call, one entry per repeat."""
+    """Wall seconds per call, one entry per repeat."""
+    cpu_seconds: list[float]
+    """CPU seconds (all threads of this process) per call, one entry per repeat. On a CPU shared with other jobs
+    this counts the work done rather than the time spent waiting for a core; on an accelerator it means little."""
     calls_per_repeat: int
     compile_seconds: float
     memory: dict[str, Optional[int]]
@@ -42,6 +45,10 @@ class Timing:
     @property
     def median(self) -> float:
         return statistics.median(self.seconds)
+
+    @property
+    def median_cpu(self) -> float:
+        return statistics.median(self.cpu_seconds)
 
     @property
     def spread(self) -> float:
@@ -80,12 +87,12 @@ def device_peak_bytes() -> Optional[int]:
     return None if not stats else stats.get("peak_bytes_in_use")
 
 
-def _run(compiled: Any, state: Any, calls: int) -> tuple[Any, float]:
-    start = time.perf_counter()
+def _run(compiled: Any, state: Any, calls: int) -> tuple[Any, float, float]:
+    start, start_cpu = time.perf_counter(), time.process_time()
     for _ in range(calls):
         state = compiled(state)
     jax.block_until_ready(state)
-    return state, time.perf_counter() - start
+    return state, time.perf_counter() - start, time.process_time() - start_cpu
 
 
 def time_interleaved(
@@ -105,6 +112,7 @@ def time_interleaved(
     compile_seconds: dict[str, float] = {}
     memory: dict[str, dict[str, Optional[int]]] = {}
     seconds: dict[str, list[float]] = {c.name: [] for c in cases}
+    cpu_seconds: dict[str, list[float]] = {c.name: [] for c in cases}
     for repeat in range(repeats):
         shift = repeat % len(cases)
         for case in list(cases[shift:]) + list(cases[:shift]):
@@ -114,13 +122,17 @@ def time_interleaved(
                 case.compiled = jax.jit(case.step, donate_argnums=0).lower(state).compile()
                 compile_seconds[case.name] = time.perf_counter() - start
                 memory[case.name] = memory_analysis(case.compiled)
-                state, warm = _run(case.compiled, state, 1)
+                state, warm, _ = _run(case.compiled, state, 1)
                 case.calls = max(1, min(max_calls, math.ceil(min_seconds_per_repeat / max(warm, 1e-9))))
             else:
-                state, _ = _run(case.compiled, state, 1)
-            state, elapsed = _run(case.compiled, state, case.calls)
+                state, _, _ = _run(case.compiled, state, 1)
+            state, elapsed, cpu = _run(case.compiled, state, case.calls)
             seconds[case.name].append(elapsed / case.calls)
+            cpu_seconds[case.name].append(cpu / case.calls)
             del state
             gc.collect()
             progress(f"repeat {repeat + 1}/{repeats} {case.name}: {1e3 * elapsed / case.calls:.2f} ms/call")
-    return [Timing(c.name, seconds[c.name], c.calls, compile_seconds[c.name], memory[c.name]) for c in cases]
+    return [
+        Timing(c.name, seconds[c.name], cpu_seconds[c.name], c.calls, compile_seconds[c.name], memory[c.name])
+        for c in cases
+    ]

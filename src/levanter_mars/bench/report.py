@@ -113,12 +113,15 @@ def _jsonable(value: Any) -> Any:
 
 
 def emit(result: Mapping[str, Any], tables: Iterable[str], as_json: bool) -> None:
-    """Prints the JSON object (only it, on stdout) or the tables. Progress messages go to stderr."""
+    """Prints the tables on stdout, or with ``as_json`` the JSON object alone on stdout and the tables on stderr
+    (where progress messages go too), so that one run gives both."""
+    text = "\n\n".join(tables)
     if as_json:
+        print(text, file=sys.stderr, flush=True)
         json.dump(_jsonable(result), sys.stdout, indent=None, allow_nan=False)
         sys.stdout.write("\n")
     else:
-        print("\n\n".join(tables))
+        print(text)
     sys.stdout.flush()
 
 

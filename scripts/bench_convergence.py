@@ -53,6 +53,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="override trainer.num_train_steps")
     parser.add_argument("--plot", type=Path, default=None, help="write the loss curves of the best runs to this PNG")
     parser.add_argument("--parallel", type=int, default=None, help="runs at a time (default 1; --quick: 2)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="train nothing: summarize the runs of --workdir that are complete (a partial sweep)")
     parser.add_argument("--run-timeout", type=float, default=1800, help="seconds before a run is stopped (default 1800)")
     return parser.parse_args(argv)
 
@@ -90,13 +92,16 @@ def main(argv=None) -> None:
     groups = [[s for s in specs if s.name in main], [s for s in specs if s.name not in main]]
     plan = [(spec, lr, seed) for group in groups for seed in seeds for spec in group for lr in spec.learning_rates]
     start = time.perf_counter()
-    # The embedded corpus and its token caches are built by the first run, before any other starts.
-    conv.prepare_corpus(base, workdir, overrides)
+    if not args.report_only:  # the corpus and its token caches, built once before any run starts
+        conv.prepare_corpus(base, workdir, overrides)
 
     def run(item):
         spec, lr, seed = item
         result = conv.run_one(conv.run_config(base, spec, lr, seed, workdir, overrides), spec, lr, seed, workdir,
-                              timeout=args.run_timeout)
+                              timeout=args.run_timeout, train=not args.report_only)
+        if result is None:
+            log(f"{conv.run_id(spec.name, lr, seed)}: not complete, left out (--report-only)")
+            return None
         took = "reused" if result.seconds is None else f"{result.seconds:.0f} s"
         log(
             f"{result.run_id}: {result.status}, final val loss {result.final_eval_loss} ({took}, "
@@ -107,7 +112,7 @@ def main(argv=None) -> None:
     # Runs are independent processes; with --parallel 2 they overlap start-up and compilation on 2 cores. This
     # benchmark measures loss per step, which does not depend on how fast a step ran.
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.parallel) as pool:
-        results = list(pool.map(run, plan))
+        results = [r for r in pool.map(run, plan) if r is not None]
 
     summary = conv.summarize(results, specs)
     plot = None
@@ -137,6 +142,8 @@ def main(argv=None) -> None:
         "num_train_steps": trainer["num_train_steps"],
         "steps_per_eval": trainer["steps_per_eval"],
         "seeds": seeds,
+        "complete": len(results) == len(plan),
+        "runs_planned": len(plan),
         "workdir": str(workdir),
         "wall_seconds": time.perf_counter() - start,
         "target_val_loss": summary["target_val_loss"],

@@ -156,16 +156,26 @@ def train_command(config_path: Path) -> list[str]:
 
 
 def run_one(
-    config: Mapping[str, Any], spec: OptimizerSpec, learning_rate: float, seed: int, workdir: Path, timeout: float
-) -> RunResult:
-    """Trains one run through the CLI (or reads it back if it is already complete)."""
+    config: Mapping[str, Any],
+    spec: OptimizerSpec,
+    learning_rate: float,
+    seed: int,
+    workdir: Path,
+    timeout: float,
+    train: bool = True,
+) -> Optional[RunResult]:
+    """Trains one run through the CLI, or reads it back if it is already complete. With ``train=False`` an
+    incomplete run is not started and None is returned."""
     rid = config["trainer"]["id"]
     num_steps = int(config["trainer"]["num_train_steps"])
     metrics_path = workdir / "runs" / rid / METRICS_FILENAME
     log_path = workdir / "logs" / f"{rid}.log"
     seconds = None
     status = "ok"
-    if read_run(metrics_path)[0] < num_steps:
+    complete = read_run(metrics_path)[0] >= num_steps
+    if not complete and not train:
+        return None
+    if not complete:
         config_path = workdir / "configs" / f"{rid}.yaml"
         config_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.parent.mkdir(parents=True, exist_ok=True)

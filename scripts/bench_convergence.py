@@ -38,7 +38,7 @@ DEFAULT_BASE = REPO / "config" / "bench_convergence.yaml"
 TINY_BASE = REPO / "config" / "gpt2_tiny_mars.yaml"
 
 # --quick: the tiny test model, a few steps, the middle learning rate, one seed: a smoke run of the whole pipeline.
-QUICK_OVERRIDES = {"trainer": {"num_train_steps": 6, "steps_per_eval": 3, "max_eval_batches": 1}}
+QUICK_OVERRIDES = {"trainer": {"num_train_steps": 4, "steps_per_eval": 2, "max_eval_batches": 1}}
 QUICK_OPTIMIZERS = ["adamw", "mars-adamw", "mars-adamw-exact"]
 GOAL_STEPS_RATIO = 0.8
 
@@ -52,7 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1; --quick: 0)")
     parser.add_argument("--steps", type=int, default=None, help="override trainer.num_train_steps")
     parser.add_argument("--plot", type=Path, default=None, help="write the loss curves of the best runs to this PNG")
-    parser.add_argument("--parallel", type=int, default=None, help="runs at a time (default 1; --quick: 2)")
+    parser.add_argument("--parallel", type=int, default=None, help="runs at a time (default 1; --quick: all)")
     parser.add_argument("--report-only", action="store_true",
                         help="train nothing: summarize the runs of --workdir that are complete (a partial sweep)")
     parser.add_argument("--run-timeout", type=float, default=1800, help="seconds before a run is stopped (default 1800)")
@@ -83,8 +83,8 @@ def main(argv=None) -> None:
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="bench-convergence-"))).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     specs = sweep_specs(args)
-    if args.parallel is None:
-        args.parallel = 2 if args.quick else 1
+    if args.parallel is None:  # --quick: its few tiny runs are mostly start-up, which overlaps well
+        args.parallel = len(specs) if args.quick else 1
 
     # The main comparison (AdamW, MARS-AdamW) first, then the other variants, each seed by seed: a sweep stopped
     # early (and resumed later by the same command) has answered the main question first.

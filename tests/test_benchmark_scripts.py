@@ -21,7 +21,7 @@ from levanter_mars.bench.convergence import RunResult, steps_to_reach, summarize
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_script(name: str, *args: str, timeout: float = 300) -> dict:
+def run_script(name: str, *args: str, timeout: float = 900) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO), env.get("PYTHONPATH", "")])
     proc = subprocess.run(

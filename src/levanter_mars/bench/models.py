@@ -63,8 +63,21 @@ def _drop_levanter_modules() -> None:
         del sys.modules[name]
 
 
+def restore_jax_names_haliax_uses() -> None:
+    """Pinned haliax (1.4.dev453) calls ``jax.core.is_constant_dim`` in ``hax.dot``, which jax removed in 0.11; the
+    function still exists as ``jax._src.core.is_constant_dim``. For the benchmarks only (the GPU image has jax 0.11),
+    the public name is put back when missing; with the pinned jax 0.7.2 this does nothing."""
+    import jax.core
+
+    if not hasattr(jax.core, "is_constant_dim"):
+        from jax._src import core as jax_core
+
+        jax.core.is_constant_dim = jax_core.is_constant_dim
+
+
 def ensure_levanter_importable() -> str:
     """Makes ``levanter.<submodule>`` importable; returns ``"full"`` or ``"models only"`` (package init skipped)."""
+    restore_jax_names_haliax_uses()
     try:
         importlib.import_module("levanter")
         return "full"

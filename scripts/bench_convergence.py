@@ -23,15 +23,7 @@ from pathlib import Path
 import yaml
 
 from levanter_mars.bench import convergence as conv
-from levanter_mars.bench.report import (
-    GOAL_COLUMNS,
-    add_common_arguments,
-    emit,
-    format_table,
-    goal_line,
-    host_description,
-    log,
-)
+from levanter_mars.bench import report
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_BASE = REPO / "config" / "bench_convergence.yaml"
@@ -45,7 +37,7 @@ GOAL_STEPS_RATIO = 0.8
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_arguments(parser)
+    report.add_common_arguments(parser)
     parser.add_argument("--base-config", type=Path, default=None, help=f"default: {DEFAULT_BASE.relative_to(REPO)}")
     parser.add_argument("--workdir", type=Path, default=None, help="default: a new temporary directory")
     parser.add_argument("--optimizers", default=None, help="comma-separated subset of: " + ", ".join(s.name for s in conv.SWEEP))
@@ -100,10 +92,10 @@ def main(argv=None) -> None:
         result = conv.run_one(conv.run_config(base, spec, lr, seed, workdir, overrides), spec, lr, seed, workdir,
                               timeout=args.run_timeout, train=not args.report_only)
         if result is None:
-            log(f"{conv.run_id(spec.name, lr, seed)}: not complete, left out (--report-only)")
+            report.log(f"{conv.run_id(spec.name, lr, seed)}: not complete, left out (--report-only)")
             return None
         took = "reused" if result.seconds is None else f"{result.seconds:.0f} s"
-        log(
+        report.log(
             f"{result.run_id}: {result.status}, final val loss {result.final_eval_loss} ({took}, "
             f"{time.perf_counter() - start:.0f} s so far){'' if result.status == 'ok' else '; log: ' + result.log}"
         )
@@ -129,13 +121,13 @@ def main(argv=None) -> None:
             plot = plot_loss_curves(best, args.plot, title=f"Best learning rate of each optimizer (seed {seeds[0]})")
 
     contender = summary["optimizers"].get(conv.MAIN_CONTENDER, {})
-    goals = [goal_line("MARS-AdamW steps to AdamW's final val loss / AdamW's", contender.get("steps_ratio"), GOAL_STEPS_RATIO)]
+    goals = [report.goal_line("MARS-AdamW steps to AdamW's final val loss / AdamW's", contender.get("steps_ratio"), GOAL_STEPS_RATIO)]
     model = {k: base["model"][k] for k in ("hidden_dim", "num_layers", "num_heads", "seq_len")}
     trainer = conv.deep_merge(base["trainer"], overrides.get("trainer", {}))
     result = {
         "benchmark": "convergence",
         "quick": args.quick,
-        "machine": host_description(),
+        "machine": report.host_description(),
         "base_config": str(base_path),
         "model": model,
         "train_batch_size": trainer["train_batch_size"],
@@ -181,11 +173,11 @@ def main(argv=None) -> None:
         f"Convergence: GPT-2 {model} on the embedded corpus, {trainer['num_train_steps']} steps of "
         f"{trainer['train_batch_size']} x {model['seq_len']} tokens, seeds {seeds}; target = tuned AdamW's final "
         f"val loss {summary['target_val_loss']}",
-        format_table(rows, columns),
-        format_table(rows, per_lr_columns, title="Final val loss (mean over seeds) at each grid point, in grid order"),
-        format_table(goals, GOAL_COLUMNS, title="Goals"),
+        report.format_table(rows, columns),
+        report.format_table(rows, per_lr_columns, title="Final val loss (mean over seeds) at each grid point, in grid order"),
+        report.format_table(goals, report.GOAL_COLUMNS, title="Goals"),
     ]
-    emit(result, tables, args.json)
+    report.emit(result, tables, args.json)
 
 
 if __name__ == "__main__":

@@ -18,17 +18,7 @@ from __future__ import annotations
 
 import argparse
 
-from levanter_mars.bench.report import (
-    GOAL_COLUMNS,
-    add_common_arguments,
-    describe_machine,
-    emit,
-    format_table,
-    goal_line,
-    log,
-    machine_description,
-    select_platform,
-)
+from levanter_mars.bench import report
 
 GOAL_UPDATE_RATIO = 1.3  # MARS-AdamW approx update time / AdamW's
 GOAL_STATE_BYTES = 8.0  # AdamW's fp32 state, bytes per parameter
@@ -39,7 +29,7 @@ QUICK_OPTIMIZERS = ["adamw", "levanter-mars", HEADLINE, "mars-adamw-exact-bf16"]
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_arguments(parser)
+    report.add_common_arguments(parser)
     parser.add_argument("--sizes", default=None, help="comma-separated: nano, bench, small, medium (default: nano,small,medium; --quick: nano)")
     parser.add_argument("--optimizers", default=None, help="comma-separated optimizer names (default: all; --quick: 4)")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per optimizer (default 5; --quick: 2)")
@@ -66,14 +56,14 @@ def bench_size(size, cases, repeats: int) -> dict:
     params = models.trainable(model)
     del model
     count = models.parameter_count(params)
-    log(f"{size.name}: {count / 1e6:.1f}M parameters")
+    report.log(f"{size.name}: {count / 1e6:.1f}M parameters")
     rows = speed.compare(cases, params, models.like_gradients(params), fixed_gradient, repeats=repeats)
     return {"size": size.name, "config": size.config_file, "vocab_size": size.vocab_size, "parameters": count, "rows": rows}
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    select_platform(args.platform)
+    report.select_platform(args.platform)
     from levanter_mars.bench import models
 
     levanter_import = models.ensure_levanter_importable()  # before anything imports levanter_mars.optim
@@ -84,8 +74,8 @@ def main(argv=None) -> None:
     sizes = models.select_sizes(args.sizes or ("nano" if args.quick else "nano,small,medium"))
     cases = opt.select(args.optimizers, QUICK_OPTIMIZERS if args.quick else [c.name for c in opt.all_cases()])
     repeats = args.repeats or (2 if args.quick else 5)
-    machine = machine_description()
-    log(describe_machine(machine))
+    machine = report.machine_description()
+    report.log(report.describe_machine(machine))
 
     results = [bench_size(size, cases, repeats) for size in sizes]
 
@@ -95,11 +85,11 @@ def main(argv=None) -> None:
         by_name = {r["optimizer"]: r for r in result["rows"]}
         if HEADLINE in by_name:
             measured = by_name[HEADLINE][speed.ratio_key(basis)]
-            goals.append(goal_line(f"{result['size']}: {HEADLINE} update / AdamW ({basis} time)", measured, GOAL_UPDATE_RATIO))
+            goals.append(report.goal_line(f"{result['size']}: {HEADLINE} update / AdamW ({basis} time)", measured, GOAL_UPDATE_RATIO))
         for name, row in by_name.items():
             if name.endswith("-bf16"):
                 goals.append(
-                    goal_line(f"{result['size']}: {name} state bytes/param", row["state_bytes_per_param"], GOAL_STATE_BYTES, "B")
+                    report.goal_line(f"{result['size']}: {name} state bytes/param", row["state_bytes_per_param"], GOAL_STATE_BYTES, "B")
                 )
 
     output = {
@@ -115,13 +105,13 @@ def main(argv=None) -> None:
         "sizes": results,
         "goals": goals,
     }
-    tables = [f"Optimizer update benchmark. {describe_machine(machine)}; levanter import: {levanter_import}; "
+    tables = [f"Optimizer update benchmark. {report.describe_machine(machine)}; levanter import: {levanter_import}; "
               f"{repeats} interleaved repeats, medians; x AdamW = median of per-repeat ratios; goals on {basis} time."]
     for result in results:
         title = f"{result['size']} ({result['parameters'] / 1e6:.1f}M parameters, {result['config']}, vocab {result['vocab_size']})"
-        tables.append(format_table(result["rows"], speed.COLUMNS, title=title))
-    tables.append(format_table(goals, GOAL_COLUMNS, title="Goals"))
-    emit(output, tables, args.json)
+        tables.append(report.format_table(result["rows"], speed.COLUMNS, title=title))
+    tables.append(report.format_table(goals, report.GOAL_COLUMNS, title="Goals"))
+    report.emit(output, tables, args.json)
 
 
 if __name__ == "__main__":

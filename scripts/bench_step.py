@@ -16,17 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from levanter_mars.bench.report import (
-    GOAL_COLUMNS,
-    add_common_arguments,
-    describe_machine,
-    emit,
-    format_table,
-    goal_line,
-    log,
-    machine_description,
-    select_platform,
-)
+from levanter_mars.bench import report
 
 GOAL_APPROX_RATIO = 1.05  # MARS-AdamW approx step / AdamW step
 GOAL_EXACT_RATIO = 2.05  # MARS-AdamW exact step / approx step
@@ -35,7 +25,7 @@ OPTIMIZERS = ["adamw", "mars-adamw-approx-fp32", "mars-adamw-exact-fp32"]
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_arguments(parser)
+    report.add_common_arguments(parser)
     parser.add_argument("--sizes", default=None, help="comma-separated: nano, bench, small, medium (default: nano,bench; --quick: nano)")
     parser.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: per size)")
     parser.add_argument("--compute-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
@@ -54,7 +44,7 @@ def bench_size(size, cases, batch_size: int, compute_dtype, repeats: int) -> dic
     del model
     tokens = models.token_batch(config, size.vocab_size, batch_size)
     count = models.parameter_count(params)
-    log(f"{size.name}: {count / 1e6:.1f}M parameters, batch {batch_size} x {config.Pos.size}")
+    report.log(f"{size.name}: {count / 1e6:.1f}M parameters, batch {batch_size} x {config.Pos.size}")
 
     def loss(params, tokens):
         return models.next_token_loss(eqx.combine(params, static), tokens, compute_dtype=compute_dtype)
@@ -85,7 +75,7 @@ def bench_size(size, cases, batch_size: int, compute_dtype, repeats: int) -> dic
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    select_platform(args.platform)
+    report.select_platform(args.platform)
     from levanter_mars.bench import models
 
     levanter_import = models.ensure_levanter_importable()  # before anything imports levanter_mars.optim
@@ -98,8 +88,8 @@ def main(argv=None) -> None:
     sizes = models.select_sizes(args.sizes or ("nano" if args.quick else "nano,bench"))
     cases = opt.select(",".join(OPTIMIZERS), OPTIMIZERS)
     repeats = args.repeats or (2 if args.quick else 5)
-    machine = machine_description()
-    log(describe_machine(machine))
+    machine = report.machine_description()
+    report.log(report.describe_machine(machine))
     if args.compute_dtype == "auto":
         compute_dtype = jnp.float32 if jax.devices()[0].platform == "cpu" else jnp.bfloat16
     else:
@@ -112,7 +102,7 @@ def main(argv=None) -> None:
         for key, label, limit in (("approx_to_adamw", "approx step / AdamW", GOAL_APPROX_RATIO),
                                   ("exact_to_approx", "exact step / approx", GOAL_EXACT_RATIO)):
             measured = None if r[key] is None else r[key][basis]
-            goals.append(goal_line(f"{r['size']}: MARS-AdamW {label} ({basis} time)", measured, limit))
+            goals.append(report.goal_line(f"{r['size']}: MARS-AdamW {label} ({basis} time)", measured, limit))
 
     output = {
         "benchmark": "train_step",
@@ -129,14 +119,14 @@ def main(argv=None) -> None:
     }
     columns = list(speed.COLUMNS[:3]) + [("ratio_to_approx", "x approx")] + list(speed.COLUMNS[3:6]) + [
         ("cpu_ratio_to_approx", "CPU x approx")] + list(speed.COLUMNS[6:])
-    tables = [f"Train-step benchmark. {describe_machine(machine)}; levanter import: {levanter_import}; compute "
+    tables = [f"Train-step benchmark. {report.describe_machine(machine)}; levanter import: {levanter_import}; compute "
               f"{output['compute_dtype']}; {repeats} interleaved repeats, medians of per-repeat ratios; goals on {basis} time."]
     for r in results:
         title = (f"{r['size']} ({r['parameters'] / 1e6:.1f}M parameters, {r['config']}, vocab {r['vocab_size']}, "
                  f"batch {r['batch_size']} x {r['seq_len']})")
-        tables.append(format_table(r["rows"], columns, title=title))
-    tables.append(format_table(goals, GOAL_COLUMNS, title="Goals"))
-    emit(output, tables, args.json)
+        tables.append(report.format_table(r["rows"], columns, title=title))
+    tables.append(report.format_table(goals, report.GOAL_COLUMNS, title="Goals"))
+    report.emit(output, tables, args.json)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import yaml
 
+from levanter_mars.training import pydocs_corpus
 from levanter_mars.training.metrics import METRICS_FILENAME, read_metrics
 
 
@@ -74,19 +75,12 @@ def run_config(
     overrides: Optional[Mapping[str, Any]] = None,
 ) -> dict[str, Any]:
     """The config of one run: ``base`` with this optimizer, learning rate and seed, and every path in ``workdir``."""
-    corpus = workdir / "pydocs"
     # The optimizer section is replaced whole: its fields depend on its type. Warmup and schedule come from base.
     schedule = {k: v for k, v in base.get("optimizer", {}).items() if k in ("warmup", "min_lr_ratio", "lr_schedule")}
+    config = deep_merge(base, pydocs_corpus.config_section(workdir / "pydocs"))
     config = deep_merge(
-        base,
+        config,
         {
-            "embedded_corpus": str(corpus),
-            "data": {
-                "train_urls": [str(corpus / "train.jsonl")],
-                "validation_urls": [str(corpus / "validation.jsonl")],
-                "cache_dir": str(corpus / "tokenized"),
-                "tokenizer": str(corpus / "tokenizer"),
-            },
             "trainer": {
                 "id": run_id(spec.name, learning_rate, seed),
                 "seed": seed,
@@ -104,7 +98,6 @@ def prepare_corpus(base: Mapping[str, Any], workdir: Path, overrides: Optional[M
     """Builds the embedded corpus and its token caches for the runs of ``workdir``, once, so that parallel runs
     only read them."""
     from levanter_mars.training import data as data_lib
-    from levanter_mars.training import pydocs_corpus
     from levanter_mars.training.config import parse_config
 
     config = run_config(base, SWEEP[0], SWEEP[0].learning_rates[0], 0, workdir, overrides)

@@ -84,6 +84,7 @@ def main(argv=None) -> None:
 
     from levanter_mars.bench import optimizers as opt
     from levanter_mars.bench import speed
+    from levanter_mars.bench.timing import device_peak_bytes
 
     sizes = models.select_sizes(args.sizes or ("nano" if args.quick else "nano,bench"))
     cases = opt.select(",".join(OPTIMIZERS), OPTIMIZERS)
@@ -114,6 +115,7 @@ def main(argv=None) -> None:
         "goal_basis": basis,
         "timed": "jit(value_and_grad(next-token loss) + update + apply_updates), params and state donated, same batch",
         "peak_memory_source": "compiled.memory_analysis(): arguments + outputs - aliased + temporaries",
+        "device_peak_bytes_in_use": device_peak_bytes(),
         "sizes": results,
         "goals": goals,
     }

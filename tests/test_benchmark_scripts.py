@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from levanter_mars.bench.convergence import RunResult, steps_to_reach, summarize, SWEEP
+from levanter_mars.bench.convergence import SWEEP, RunResult, steps_to_reach, summarize
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,10 @@ def _goals_well_formed(result: dict) -> None:
     assert result["goals"], "no goals reported"
     for goal in result["goals"]:
         assert set(goal) >= {"goal", "measured", "limit", "met"}
-        assert goal["met"] is None or goal["met"] == (goal["measured"] <= goal["limit"])
+        if goal["measured"] is None:  # not measurable (None) or, for a threshold never reached, not met
+            assert goal["met"] in (None, False)
+        else:
+            assert goal["met"] == (goal["measured"] <= goal["limit"])
 
 
 def _rows_well_formed(rows: list[dict]) -> dict[str, dict]:
@@ -127,3 +130,19 @@ def test_summary_picks_best_lr_by_seed_mean_and_ratios_against_tuned_adamw():
     assert entry["steps_to_target"] == pytest.approx(10.0) and entry["steps_ratio"] == pytest.approx(0.5)
     # A learning rate with a missing seed has no mean and cannot win.
     assert [p["mean_final_val_loss"] for p in entry["per_learning_rate"]][0] is None
+
+
+def test_levanter_mars_runs_inside_the_benchmark_workaround_only():
+    """Upstream defect 8 (jax.tree_map) is patched for the benchmark's Levanter MARS, and only while it is traced."""
+    import jax
+    import jax.numpy as jnp
+    from levanter.optim.mars import scale_by_mars
+
+    from levanter_mars.bench.optimizers import levanter_mars_workaround
+
+    tx = scale_by_mars(max_grad_norm=1.0)
+    params = {"w": jnp.full((2, 2), 3.0)}
+    with levanter_mars_workaround():
+        updates, _ = tx.update(params, tx.init(params), params)
+    assert jnp.all(jnp.isfinite(updates["w"]))
+    assert not hasattr(jax, "tree_map")

@@ -81,6 +81,8 @@ def _cell(value: Any) -> str:
             return "nan"
         if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
             return f"{value:.3g}"
+        if abs(value) < 0.1:  # learning rates: 0.0018, not 0.002
+            return f"{value:.2g}"
         return f"{value:.3f}"
     return str(value)
 
@@ -135,4 +137,4 @@ def goal_line(name: str, measured: float | None, limit: float, unit: str = "x") 
     return {"goal": name, "measured": measured, "limit": limit, "unit": unit, "met": met}
 
 
-GOAL_COLUMNS = (("goal", "goal"), ("measured", "measured"), ("limit", "limit"), ("met", "met"))
+GOAL_COLUMNS = (("goal", "goal"), ("measured", "measured"), ("limit", "limit"), ("met", "met"), ("note", "note"))

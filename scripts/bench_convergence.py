@@ -4,7 +4,7 @@ Every run goes through the training CLI (``python -m levanter_mars.main.train_lm
 ``config/bench_convergence.yaml``. Reports each optimizer's best final val loss (mean over seeds at its best learning
 rate) and the steps its seed-mean eval curve needs to reach tuned AdamW's final val loss, as a ratio of AdamW's steps.
 
-    nice -n 10 python scripts/bench_convergence.py --workdir .cache/bench_convergence \\
+    nice -n 10 python scripts/bench_convergence.py --workdir .cache/bench_convergence --parallel 2 \\
         --plot docs/benchmarks/convergence_loss_curves.png --json > docs/benchmarks/convergence.json
 
 The work directory keeps every run (configs, logs, metrics, checkpoints); rerunning the same command reuses the runs
@@ -44,6 +44,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1; --quick: 0)")
     parser.add_argument("--grid-points", type=lambda v: [int(i) for i in v.split(",")], default=None,
                         help="comma-separated indices into each optimizer's learning-rate grid (default: all; --quick: 1)")
+    parser.add_argument("--corpus", type=Path, default=None,
+                        help="directory of the embedded corpus to use or build (default: <workdir>/pydocs)")
     parser.add_argument("--steps", type=int, default=None, help="override trainer.num_train_steps")
     parser.add_argument("--plot", type=Path, default=None, help="write the loss curves of the best runs to this PNG")
     parser.add_argument("--parallel", type=int, default=None, help="runs at a time (default 1; --quick: all)")
@@ -69,11 +71,16 @@ def sweep_specs(args: argparse.Namespace) -> list[conv.OptimizerSpec]:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    report.select_platform(args.platform)  # the runs inherit JAX_PLATFORMS
     base_path = args.base_config or (TINY_BASE if args.quick else DEFAULT_BASE)
     base = yaml.safe_load(base_path.read_text())
     overrides = dict(QUICK_OVERRIDES) if args.quick else {}
     if args.steps:
         overrides = conv.deep_merge(overrides, {"trainer": {"num_train_steps": args.steps}})
+    if args.corpus:
+        from levanter_mars.training import pydocs_corpus
+
+        overrides = conv.deep_merge(overrides, pydocs_corpus.config_section(args.corpus.resolve()))
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else ([0] if args.quick else [0, 1])
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="bench-convergence-"))).resolve()
     workdir.mkdir(parents=True, exist_ok=True)

@@ -83,9 +83,11 @@ def test_bench_step_quick():
 
 
 @pytest.mark.slow
-def test_bench_convergence_quick(tmp_path):
+def test_bench_convergence_quick(tmp_path, pydocs_corpus):
     plot = tmp_path / "curves.png"
-    result = run_script("bench_convergence.py", "--workdir", str(tmp_path / "work"), "--plot", str(plot))
+    result = run_script(
+        "bench_convergence.py", "--workdir", str(tmp_path / "work"), "--corpus", str(pydocs_corpus), "--plot", str(plot)
+    )
     assert result["benchmark"] == "convergence"
     assert [r["status"] for r in result["runs"]] == ["ok"] * 3, result["runs"]
     assert set(result["optimizers"]) == {"adamw", "mars-adamw", "mars-adamw-exact"}

@@ -12,12 +12,12 @@ from typing import Any, Iterable, Mapping, Sequence
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of tables")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout (the tables then go to stderr)")
     parser.add_argument("--quick", action="store_true", help="a small smoke run (CI): minutes become seconds")
     parser.add_argument(
         "--platform",
         default=None,
-        help="JAX platform to run on (cpu, gpu, tpu); default: JAX's choice. Set before JAX starts.",
+        help="JAX platform to run on (cpu, gpu, tpu); default: JAX's choice (the output names the device used)",
     )
 
 

@@ -21,17 +21,46 @@ from levanter_mars.bench.convergence import SWEEP, RunResult, steps_to_reach, su
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_script(name: str, *args: str, timeout: float = 900) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / name), "--quick", "--json", *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
-    )
-    assert proc.returncode == 0, f"{name} exited {proc.returncode}\n{proc.stderr[-4000:]}"
-    lines = [line for line in proc.stdout.splitlines() if line.strip()]
-    assert len(lines) == 1, f"{name} printed more than one JSON line on stdout: {proc.stdout[:2000]}"
-    return json.loads(lines[0])
+class Script:
+    """One script started with ``--quick --json``; ``result()`` waits for it and parses its one line of JSON."""
+
+    def __init__(self, name: str, *args: str, workdir: Path):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO), env.get("PYTHONPATH", "")])
+        self.name = name
+        self.stdout, self.stderr = (workdir / f"{name}.out").open("w+"), (workdir / f"{name}.err").open("w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(REPO / "scripts" / name), "--quick", "--json", *args],
+            cwd=REPO, env=env, stdout=self.stdout, stderr=self.stderr, text=True,
+        )
+
+    def result(self, timeout: float = 900) -> dict:
+        returncode = self.proc.wait(timeout=timeout)
+        self.stdout.seek(0), self.stderr.seek(0)
+        stdout, stderr = self.stdout.read(), self.stderr.read()
+        assert returncode == 0, f"{self.name} exited {returncode}\n{stderr[-4000:]}"
+        lines = [line for line in stdout.splitlines() if line.strip()]
+        assert len(lines) == 1, f"{self.name} printed more than one JSON line on stdout: {stdout[:2000]}"
+        return json.loads(lines[0])
+
+
+@pytest.fixture(scope="module")
+def scripts(tmp_path_factory, pydocs_corpus):
+    """The three smoke runs, started together: on 2 cores their start-up and compilation overlap."""
+    work = tmp_path_factory.mktemp("bench-scripts")
+    started = {
+        "optimizer": Script("bench_optimizer.py", workdir=work),
+        "step": Script("bench_step.py", workdir=work),
+        "convergence": Script(
+            "bench_convergence.py", "--workdir", str(work / "convergence"), "--corpus", str(pydocs_corpus),
+            "--plot", str(work / "curves.png"), workdir=work,
+        ),
+    }
+    yield started | {"plot": work / "curves.png"}
+    for script in started.values():
+        if script.proc.poll() is None:
+            script.proc.kill()
+            script.proc.wait()
 
 
 def _goals_well_formed(result: dict) -> None:
@@ -55,8 +84,8 @@ def _rows_well_formed(rows: list[dict]) -> dict[str, dict]:
 
 
 @pytest.mark.slow
-def test_bench_optimizer_quick():
-    result = run_script("bench_optimizer.py")
+def test_bench_optimizer_quick(scripts):
+    result = scripts["optimizer"].result()
     assert result["benchmark"] == "optimizer_update" and result["machine"]["platform"] == "cpu"
     (nano,) = result["sizes"]
     assert nano["size"] == "nano" and nano["parameters"] > 300_000
@@ -71,8 +100,8 @@ def test_bench_optimizer_quick():
 
 
 @pytest.mark.slow
-def test_bench_step_quick():
-    result = run_script("bench_step.py")
+def test_bench_step_quick(scripts):
+    result = scripts["step"].result()
     assert result["benchmark"] == "train_step" and result["compute_dtype"] == "float32"
     (nano,) = result["sizes"]
     rows = _rows_well_formed(nano["rows"])
@@ -83,11 +112,8 @@ def test_bench_step_quick():
 
 
 @pytest.mark.slow
-def test_bench_convergence_quick(tmp_path, pydocs_corpus):
-    plot = tmp_path / "curves.png"
-    result = run_script(
-        "bench_convergence.py", "--workdir", str(tmp_path / "work"), "--corpus", str(pydocs_corpus), "--plot", str(plot)
-    )
+def test_bench_convergence_quick(scripts):
+    result, plot = scripts["convergence"].result(), scripts["plot"]
     assert result["benchmark"] == "convergence"
     assert [r["status"] for r in result["runs"]] == ["ok"] * 3, result["runs"]
     assert set(result["optimizers"]) == {"adamw", "mars-adamw", "mars-adamw-exact"}

@@ -44,6 +44,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1; --quick: 0)")
     parser.add_argument("--grid-points", type=lambda v: [int(i) for i in v.split(",")], default=None,
                         help="comma-separated indices into each optimizer's learning-rate grid (default: all; --quick: 1)")
+    parser.add_argument("--learning-rates", type=lambda v: [float(x) for x in v.split(",")], default=None,
+                        help="comma-separated learning rates replacing the grid of every selected optimizer")
     parser.add_argument("--corpus", type=Path, default=None,
                         help="directory of the embedded corpus to use or build (default: <workdir>/pydocs)")
     parser.add_argument("--steps", type=int, default=None, help="override trainer.num_train_steps")
@@ -66,6 +68,8 @@ def sweep_specs(args: argparse.Namespace) -> list[conv.OptimizerSpec]:
     points = [1] if args.quick else args.grid_points
     if points is not None:
         specs = [dataclasses.replace(s, learning_rates=tuple(s.learning_rates[i] for i in points)) for s in specs]
+    if args.learning_rates:
+        specs = [dataclasses.replace(s, learning_rates=tuple(args.learning_rates)) for s in specs]
     return specs
 
 

@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 
 import yaml
 
+from levanter_mars.training import pydocs_corpus
 from levanter_mars.training.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,16 +37,10 @@ def tiny_config(
 ) -> Path:
     """Writes the tiny config with every path pointing into ``workdir``/``corpus``; returns its path."""
     config = yaml.safe_load(base.read_text())
+    config = _merge(config, pydocs_corpus.config_section(corpus))
     config = _merge(
         config,
         {
-            "embedded_corpus": str(corpus),
-            "data": {
-                "train_urls": [str(corpus / "train.jsonl")],
-                "validation_urls": [str(corpus / "validation.jsonl")],
-                "cache_dir": str(corpus / "tokenized"),
-                "tokenizer": str(corpus / "tokenizer"),
-            },
             "trainer": {
                 "id": run_id,
                 "log_dir": str(workdir / "runs"),

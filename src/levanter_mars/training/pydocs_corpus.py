@@ -150,3 +150,18 @@ def prepare(directory: str | os.PathLike) -> dict:
     }
     manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
+
+
+def config_section(directory: str | os.PathLike) -> dict:
+    """The training-config entries that point a run at the corpus in ``directory`` (built there on first use):
+    ``embedded_corpus`` and the ``data`` paths, to merge into a config."""
+    directory = Path(directory)
+    return {
+        "embedded_corpus": str(directory),
+        "data": {
+            "train_urls": [str(directory / "train.jsonl")],
+            "validation_urls": [str(directory / "validation.jsonl")],
+            "cache_dir": str(directory / "tokenized"),
+            "tokenizer": str(directory / "tokenizer"),
+        },
+    }

@@ -18,7 +18,7 @@ Defects that need no code here (only a pin or a default) are listed too, with wh
    ``pyproject.toml``.
 7. Levanter's loss passes a float ``where=`` mask, an error from jax 0.8: ``jax==0.7.2`` is pinned.
 8. Levanter's own ``mars`` calls ``jax.tree_map`` (removed from jax): we register ``mars-*`` names instead, and
-   the benchmark patches it locally (``scripts/bench_optimizer.py``).
+   the benchmarks patch it while they build and trace it (``levanter_mars.bench.optimizers.levanter_mars_workaround``).
 9. The default tracker (wandb, online) fails without an API key: ``MarsTrainerConfig`` defaults to offline wandb.
 10. ``DataLoaderIterator`` starts a prefetch thread at construction and has no public way to stop it; if the
     process exits while it is still reading (a run resumed when already complete, or stopped by an error), the

@@ -1,0 +1,119 @@
+"""Optimizer update cost on GPT-2 parameter trees: time, state bytes per parameter and peak memory, against AdamW.
+
+What one timed call is: ``update(grads, state, params)`` of the whole optimizer chain (global clip, the optimizer,
+weight decay, learning rate) followed by ``optax.apply_updates``, jitted as one program with params and state donated,
+on a fixed gradient tree. For exact MARS, ``update`` also receives ``obj_fn(params) = 0.5 * ||params||^2``, whose
+gradient at the previous parameters is one elementwise pass: the timing covers everything exact mode adds to the
+optimizer (casting and storing the previous parameters, differentiating the objective's cheap stand-in, clipping the
+result, zeroing it at step 1) but not the real extra forward/backward pass, which ``bench_step.py`` measures.
+
+Peak memory is XLA's accounting of the compiled update (arguments + outputs - donated + temporaries), available on
+every backend without running it; on GPU/TPU the allocator's process-wide peak is reported too.
+
+    python scripts/bench_optimizer.py                    # nano, GPT-2 small (124M) and medium (355M)
+    python scripts/bench_optimizer.py --sizes small --optimizers adamw,mars-adamw-approx-fp32 --repeats 9
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from levanter_mars.bench import report
+
+GOAL_UPDATE_RATIO = 1.3  # MARS-AdamW approx update time / AdamW's
+GOAL_STATE_BYTES = 8.0  # AdamW's fp32 state, bytes per parameter
+HEADLINE = "mars-adamw-approx-fp32"
+# --quick compiles few programs (compilation dominates a smoke run): the baseline, Levanter's, ours approx/exact.
+QUICK_OPTIMIZERS = ["adamw", "levanter-mars", HEADLINE, "mars-adamw-exact-bf16"]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    report.add_common_arguments(parser)
+    parser.add_argument("--sizes", default=None, help="comma-separated: nano, bench, small, medium (default: nano,small,medium; --quick: nano)")
+    parser.add_argument("--optimizers", default=None, help="comma-separated optimizer names (default: all; --quick: 4)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per optimizer (default 5; --quick: 2)")
+    return parser.parse_args(argv)
+
+
+def quadratic(params):
+    """The exact-mode ``obj_fn`` of this benchmark: its gradient is the parameters themselves."""
+    import jax
+    import jax.numpy as jnp
+
+    return 0.5 * sum(jnp.vdot(x, x) for x in jax.tree.leaves(params))
+
+
+def fixed_gradient(params, grads):
+    """The update benchmark's data are the gradient itself."""
+    return grads, quadratic
+
+
+def bench_size(size, cases, repeats: int) -> dict:
+    from levanter_mars.bench import models, speed
+
+    model, _ = models.init_gpt2(size)
+    params = models.trainable(model)
+    del model
+    count = models.parameter_count(params)
+    report.log(f"{size.name}: {count / 1e6:.1f}M parameters")
+    rows = speed.compare(cases, params, models.like_gradients(params), fixed_gradient, repeats=repeats)
+    return {"size": size.name, "config": size.config_file, "vocab_size": size.vocab_size, "parameters": count, "rows": rows}
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    report.select_platform(args.platform)
+    from levanter_mars.bench import models
+
+    levanter_import = models.ensure_levanter_importable()  # before anything imports levanter_mars.optim
+    from levanter_mars.bench import optimizers as opt
+    from levanter_mars.bench import speed
+    from levanter_mars.bench.timing import device_peak_bytes
+
+    sizes = models.select_sizes(args.sizes or ("nano" if args.quick else "nano,small,medium"))
+    cases = opt.select(args.optimizers, QUICK_OPTIMIZERS if args.quick else [c.name for c in opt.all_cases()])
+    repeats = args.repeats or (2 if args.quick else 5)
+    machine = report.machine_description()
+    report.log(report.describe_machine(machine))
+
+    results = [bench_size(size, cases, repeats) for size in sizes]
+
+    basis = speed.ratio_basis(machine["platform"])
+    goals = []
+    for result in results:
+        by_name = {r["optimizer"]: r for r in result["rows"]}
+        for name in (HEADLINE, HEADLINE.replace("fp32", "bf16")):  # the goal is on fp32; bf16 shown alongside
+            if name in by_name:
+                measured = by_name[name][speed.ratio_key(basis)]
+                goals.append(report.goal_line(f"{result['size']}: {name} update / AdamW ({basis} time)", measured, GOAL_UPDATE_RATIO))
+        for name, row in by_name.items():
+            if name.endswith("-bf16"):
+                goals.append(
+                    report.goal_line(f"{result['size']}: {name} state bytes/param", row["state_bytes_per_param"], GOAL_STATE_BYTES, "B")
+                )
+
+    output = {
+        "benchmark": "optimizer_update",
+        "quick": args.quick,
+        "machine": machine,
+        "levanter_import": levanter_import,
+        "repeats": repeats,
+        "goal_basis": basis,
+        "timed": "jit(update + apply_updates), params and state donated; exact: obj_fn = 0.5*||params||^2",
+        "peak_memory_source": "compiled.memory_analysis(): arguments + outputs - aliased + temporaries",
+        "device_peak_bytes_in_use": device_peak_bytes(),
+        "sizes": results,
+        "goals": goals,
+    }
+    tables = [f"Optimizer update benchmark. {report.describe_machine(machine)}; levanter import: {levanter_import}; "
+              f"{repeats} interleaved repeats, medians; x AdamW = median of per-repeat ratios; goals on {basis} time."]
+    for result in results:
+        title = f"{result['size']} ({result['parameters'] / 1e6:.1f}M parameters, {result['config']}, vocab {result['vocab_size']})"
+        tables.append(report.format_table(result["rows"], speed.COLUMNS, title=title))
+    tables.append(report.format_table(goals, report.GOAL_COLUMNS, title="Goals"))
+    report.emit(output, tables, args.json)
+
+
+if __name__ == "__main__":
+    main()

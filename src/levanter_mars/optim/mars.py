@@ -287,7 +287,8 @@ def scale_by_mars(
             if variant == "lion":
                 direction = jnp.sign(m)
             elif variant == "shampoo" and role.is_matrix:
-                direction = _shampoo_direction(m / (1.0 - b1), role, axis_names)
+                # m * (1/(1-b1)) rather than m/(1-b1): the reference rescales this way, and NS5 amplifies last bits.
+                direction = _shampoo_direction(m * (1.0 / (1.0 - b1)), role, axis_names)
             else:
                 v = b2 * v + (1.0 - b2) * jnp.square(c)
                 direction = _adam_direction(m, v, t, b1, b2, eps)

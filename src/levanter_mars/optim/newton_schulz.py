@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 #: Coefficients of the quintic iteration X <- aX + b(XX^T)X + c(XX^T)^2 X of the official MARS/Muon code.
 NS5_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+def round_to_precision(x: jax.Array, dtype: jnp.dtype) -> jax.Array:
+    """Rounds float32 ``x`` to the nearest ``dtype`` value (round-to-nearest-even), keeping float32 storage.
+
+    ``lax.reduce_precision`` is an explicit op, so XLA keeps every rounding even where its excess-precision
+    simplifications would drop a float32 -> bfloat16 -> float32 round trip.
+    """
+    info = jnp.finfo(dtype)
+    return jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
 
 
 def newton_schulz5(
@@ -17,21 +28,28 @@ def newton_schulz5(
 ) -> jnp.ndarray:
     r"""Approximately orthogonalizes a 2-D matrix: returns roughly :math:`UV^\top` for :math:`M = U\Sigma V^\top`.
 
-    Follows the official MARS-Shampoo code (``NewtonSchulz`` in AGI-Arena/MARS): scale by the Frobenius norm,
-    transpose tall matrices so that :math:`XX^\top` is the smaller Gram matrix, then ``steps`` quintic iterations
-    in ``dtype`` (bfloat16 by default). Products accumulate in float32 and round to ``dtype``, as bf16 GEMMs do.
+    Follows ``NewtonSchulz`` of the official MARS code (AGI-Arena/MARS, ``MARS/optimizers/mars.py``):
+    :math:`X_0 = \mathrm{bf16}(M) / (\lVert M \rVert_F + \epsilon)`, transposed when ``rows > cols`` so that
+    :math:`A = XX^\top` is the smaller Gram matrix, then ``steps`` times
 
-    The operands of each product are widened to float32 first. That is exact (every bf16 value is an f32 value), so
-    the math is unchanged, but it stops XLA's SPMD partitioner from reducing partial products in bf16 when the
-    matrix is sharded: with it, an 8-device FSDP x TP step matches the 1-device step bit for bit, where bf16
-    operands differed by ~4% after the iteration amplified the rounding. On TPU (one bf16 pass at default precision)
-    and on GPU (TF32) the widened product costs the same as the bf16 one.
+    .. math::  A = XX^\top,\quad B = AX,\quad X \leftarrow aX + bB + (cA)B,\qquad (a, b, c) = (3.4445, -4.775, 2.0315).
+
+    **Rounding is the reference's, operation by operation.** The reference runs eagerly on bfloat16 tensors: every
+    product and sum is computed in float32 and rounded to bfloat16, and the Python-float coefficients enter at float32
+    precision. Here values are float32 rounded to ``dtype`` after every operation (:func:`round_to_precision`).
+    Plain ``dtype`` arithmetic in JAX would differ: it rounds the coefficients to bfloat16 first (3.4445 -> 3.4375),
+    and the iteration amplifies small-singular-value errors ~500-fold, which put a 5e-2 relative gap between the
+    two on the first step; with this rounding they agree to ~1e-6 (``tests/test_mars_golden.py``).
+
+    Keeping the operands in float32 also keeps XLA's SPMD partitioner from reducing partial products in bfloat16 when
+    the matrix is sharded, so a sharded step matches the 1-device step bit for bit. The matmul operands are exact
+    bfloat16 values, so TPUs (one bfloat16 pass at default precision) and GPUs (TF32) multiply them exactly too.
 
     Args:
         matrix: a 2-D array (rows, cols).
         steps: number of iterations.
-        eps: added to the norm.
-        dtype: working precision of the iteration.
+        eps: added to the Frobenius norm.
+        dtype: working precision of the iteration (the precision every intermediate is rounded to).
 
     Returns:
         An array of ``matrix``'s shape and dtype.
@@ -39,20 +57,22 @@ def newton_schulz5(
     if matrix.ndim != 2:
         raise ValueError(f"newton_schulz5 expects a 2-D matrix, got shape {matrix.shape}")
     a, b, c = NS5_COEFFICIENTS
-    norm = jnp.linalg.norm(matrix.astype(jnp.float32))
-    x = (matrix.astype(dtype).astype(jnp.float32) / (norm + eps)).astype(dtype)
+
+    def rnd(x: jax.Array) -> jax.Array:
+        return round_to_precision(x, dtype)
+
+    def matmul(p: jax.Array, q: jax.Array) -> jax.Array:
+        return rnd(jnp.matmul(p, q))
+
+    m32 = matrix.astype(jnp.float32)
+    x = rnd(rnd(m32) / (jnp.linalg.norm(m32) + eps))
     tall = matrix.shape[0] > matrix.shape[1]
     if tall:
         x = x.T
-
-    def matmul(p: jnp.ndarray, q: jnp.ndarray) -> jnp.ndarray:
-        return jnp.matmul(p.astype(jnp.float32), q.astype(jnp.float32)).astype(dtype)
-
     for _ in range(steps):
         gram = matmul(x, x.T)
         gram_x = matmul(gram, x)
-        x = a * x + b * gram_x + matmul(c * gram, gram_x)
-
+        x = rnd(rnd(rnd(a * x) + rnd(b * gram_x)) + matmul(rnd(c * gram), gram_x))
     if tall:
         x = x.T
     return x.astype(matrix.dtype)

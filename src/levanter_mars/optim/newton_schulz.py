@@ -69,10 +69,15 @@ def newton_schulz5(
     tall = matrix.shape[0] > matrix.shape[1]
     if tall:
         x = x.T
-    for _ in range(steps):
+
+    def iteration(_, x: jax.Array) -> jax.Array:
         gram = matmul(x, x.T)
         gram_x = matmul(gram, x)
-        x = rnd(rnd(rnd(a * x) + rnd(b * gram_x)) + matmul(rnd(c * gram), gram_x))
+        return rnd(rnd(rnd(a * x) + rnd(b * gram_x)) + matmul(rnd(c * gram), gram_x))
+
+    # A loop, not unrolled Python: unrolled, XLA fuses each iterate's elementwise chain into the next iterate's and
+    # recomputes all of them (2.3x slower on a 4096 x 128 matrix on CPU).
+    x = jax.lax.fori_loop(0, steps, iteration, x)
     if tall:
         x = x.T
     return x.astype(matrix.dtype)

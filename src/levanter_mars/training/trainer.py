@@ -34,7 +34,7 @@ from levanter.utils.tree_utils import inference_mode
 from levanter_mars.optim.guard import NonFiniteGuardState, skip_nonfinite_updates
 from levanter_mars.training import checkpoints as ckpt
 from levanter_mars.training.metrics import METRICS_FILENAME, JsonlMetricsTracker
-from levanter_mars.training.upstream import forward_force_to_checkpointer, stop_data_loader
+from levanter_mars.training.upstream import checkpointer_base_path, forward_force_to_checkpointer, stop_data_loader
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class VerifiedCheckpointerConfig(CheckpointerConfig):
 
     def create(self, run_id) -> "VerifiedCheckpointer":
         return VerifiedCheckpointer(
-            base_path=self.expanded_path(run_id),
+            base_path=checkpointer_base_path(self.expanded_path(run_id)),
             save_interval=self.save_interval,
             step_policies=[CheckpointInterval(**k) for k in self.keep],
             delete_old_temp_checkpoints=self.delete_old_temp_checkpoints,

@@ -36,8 +36,17 @@ def test_intact_checkpoint_verifies_with_its_run_info(tmp_path):
         (lambda d: (d / "metadata.json").unlink(), "incomplete", "no metadata.json"),
         (lambda d: (d / ckpt.MANIFEST_NAME).write_text("{"), "corrupt", "unreadable manifest"),
         (lambda d: (d / ckpt.MANIFEST_NAME).unlink(), "unverified", "no manifest"),
+        (lambda d: (d / ckpt.MANIFEST_NAME).write_text('{"files": []}'), "corrupt", "unreadable manifest"),
+        (lambda d: (d / ckpt.MANIFEST_NAME).write_text('{"files": {}}'), "corrupt", "unreadable manifest"),
+        (lambda d: (d / ckpt.MANIFEST_NAME).write_text('{"files": {"model/w/0": 256}}'), "corrupt",
+         "unreadable manifest"),
+        (lambda d: (d / ckpt.MANIFEST_NAME).write_text('{"files": {"model/w/0": {}}}'), "corrupt",
+         "unreadable manifest"),
+        (lambda d: (d / ckpt.MANIFEST_NAME).write_text('null'), "corrupt", "unreadable manifest"),
     ],
-    ids=["missing-file", "truncated", "same-size-flip", "bad-metadata", "no-metadata", "bad-manifest", "no-manifest"],
+    ids=["missing-file", "truncated", "same-size-flip", "bad-metadata", "no-metadata", "bad-manifest", "no-manifest",
+         "manifest-files-a-list", "manifest-files-empty", "manifest-entry-not-a-mapping", "manifest-entry-empty",
+         "manifest-null"],
 )
 def test_damage_is_detected(tmp_path, damage, state, reason):
     directory = _make_checkpoint(tmp_path, 10)

@@ -125,6 +125,18 @@ def write_manifest(checkpoint_path: str, *, step: int, run_info: Optional[dict] 
     return manifest
 
 
+def _check_manifest_layout(manifest: Any) -> None:
+    """Valid JSON is not enough: a manifest must be what :func:`write_manifest` writes (raises ``ValueError``)."""
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not files:
+        raise ValueError("'files' is not a non-empty mapping")
+    for rel, entry in files.items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("size"), int) and isinstance(entry.get("crc32c"), str)):
+            raise ValueError(f"entry for {rel!r} is not {{size: int, crc32c: str}}")
+    if not isinstance(manifest.get("run_info") or {}, dict):
+        raise ValueError("'run_info' is not a mapping")
+
+
 def audit_checkpoint(checkpoint_path: str, *, verify_checksums: bool = True) -> CheckpointStatus:
     """Classifies one ``step-N`` directory (see the module docstring)."""
     fs, root = _fs_and_path(checkpoint_path)
@@ -144,6 +156,7 @@ def audit_checkpoint(checkpoint_path: str, *, verify_checksums: bool = True) -> 
         with fs.open(manifest_path) as f:
             manifest = json.load(f)
         expected = manifest["files"]
+        _check_manifest_layout(manifest)
     except (ValueError, KeyError, TypeError) as e:
         return CheckpointStatus(checkpoint_path, step, "corrupt", f"unreadable manifest ({e})")
 

@@ -69,6 +69,8 @@ def test_audit_run_orders_usable_checkpoints_newest_first(tmp_path):
     _make_checkpoint(tmp_path, 40, manifest=False)
     torn = tmp_path / "step-50"
     torn.mkdir()
+    (tmp_path / "notes").mkdir()  # not a checkpoint: neither audited nor quarantined
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
     statuses = ckpt.audit_run(str(tmp_path))
     assert [(s.step, s.state) for s in statuses] == [
         (40, "unverified"), (30, "verified"), (20, "verified"), (10, "verified"), (None, "incomplete")

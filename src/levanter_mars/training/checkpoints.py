@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 from typing import Any, Optional
 
 import fsspec
@@ -173,12 +174,22 @@ def audit_checkpoint(checkpoint_path: str, *, verify_checksums: bool = True) -> 
     return CheckpointStatus(checkpoint_path, step, "verified", run_info=manifest.get("run_info") or {})
 
 
+_STEP_DIR = re.compile(r"step-\d+")
+
+
 def candidate_checkpoints(run_checkpoint_dir: str) -> list[str]:
     """The ``step-*`` style subdirectories of a run's checkpoint directory (and the directory itself)."""
     fs, root = _fs_and_path(run_checkpoint_dir)
     if not fs.exists(root):
         return []
-    dirs = [_with_protocol(fs, p) for p in sorted(fs.ls(root, detail=False)) if fs.isdir(p)]
+    # A directory not named like a checkpoint (notes, a backup) is one only if it has metadata.json: without it, it is
+    # not a torn checkpoint and must not be quarantined as one.
+    dirs = [
+        _with_protocol(fs, p)
+        for p in sorted(fs.ls(root, detail=False))
+        if fs.isdir(p)
+        and (_STEP_DIR.fullmatch(posixpath.basename(p.rstrip("/"))) or fs.exists(posixpath.join(p, METADATA_NAME)))
+    ]
     if fs.exists(posixpath.join(root, METADATA_NAME)):
         dirs.append(run_checkpoint_dir)
     return dirs

@@ -36,8 +36,17 @@ def test_intact_checkpoint_verifies_with_its_run_info(tmp_path):
         (lambda d: (d / "metadata.json").unlink(), "incomplete", "no metadata.json"),
         (lambda d: (d / ckpt.MANIFEST_NAME).write_text("{"), "corrupt", "unreadable manifest"),
         (lambda d: (d / ckpt.MANIFEST_NAME).unlink(), "unverified", "no manifest"),
+        (lambda d: (d / ckpt.MANIFEST_NAME).write_text('{"files": []}'), "corrupt", "unreadable manifest"),
+        (lambda d: (d / ckpt.MANIFEST_NAME).write_text('{"files": {}}'), "corrupt", "unreadable manifest"),
+        (lambda d: (d / ckpt.MANIFEST_NAME).write_text('{"files": {"model/w/0": 256}}'), "corrupt",
+         "unreadable manifest"),
+        (lambda d: (d / ckpt.MANIFEST_NAME).write_text('{"files": {"model/w/0": {}}}'), "corrupt",
+         "unreadable manifest"),
+        (lambda d: (d / ckpt.MANIFEST_NAME).write_text('null'), "corrupt", "unreadable manifest"),
     ],
-    ids=["missing-file", "truncated", "same-size-flip", "bad-metadata", "no-metadata", "bad-manifest", "no-manifest"],
+    ids=["missing-file", "truncated", "same-size-flip", "bad-metadata", "no-metadata", "bad-manifest", "no-manifest",
+         "manifest-files-a-list", "manifest-files-empty", "manifest-entry-not-a-mapping", "manifest-entry-empty",
+         "manifest-null"],
 )
 def test_damage_is_detected(tmp_path, damage, state, reason):
     directory = _make_checkpoint(tmp_path, 10)
@@ -60,6 +69,8 @@ def test_audit_run_orders_usable_checkpoints_newest_first(tmp_path):
     _make_checkpoint(tmp_path, 40, manifest=False)
     torn = tmp_path / "step-50"
     torn.mkdir()
+    (tmp_path / "notes").mkdir()  # not a checkpoint: neither audited nor quarantined
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
     statuses = ckpt.audit_run(str(tmp_path))
     assert [(s.step, s.state) for s in statuses] == [
         (40, "unverified"), (30, "verified"), (20, "verified"), (10, "verified"), (None, "incomplete")
@@ -93,3 +104,27 @@ def test_unwritable_directory_is_reported_by_name(tmp_path):
     with pytest.raises(ckpt.CheckpointError, match="trainer.checkpointer.base_path.*file/run"):
         ckpt.check_writable(str(blocker / "run"))
     ckpt.check_writable(str(tmp_path / "fine"))
+
+
+def test_when_every_checkpoint_is_bad_the_restart_from_scratch_is_reported(tmp_path, monkeypatch, caplog):
+    import logging
+    from types import SimpleNamespace
+
+    from levanter.trainer import Trainer
+
+    from levanter_mars.training.trainer import MarsTrainer
+
+    run = tmp_path / "run"
+    for step in (10, 20):
+        (_make_checkpoint(run, step) / "metadata.json").unlink()  # both incomplete
+    trainer = object.__new__(MarsTrainer)  # only what initial_state touches
+    trainer.config = SimpleNamespace(load_checkpoint=None, load_checkpoint_path=str(run),
+                                     checkpointer=SimpleNamespace(verify_checksums=True))
+    trainer.run_info, trainer._resume_from, trainer._usable_checkpoints, trainer._quarantined = {}, None, None, 0
+    trainer.metrics = SimpleNamespace(truncate_after=lambda step: None)
+    monkeypatch.setattr(Trainer, "initial_state", lambda self, *args, **kwargs: SimpleNamespace(step=0))
+    with caplog.at_level(logging.WARNING, logger="levanter_mars"):
+        trainer.initial_state(None)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "No usable checkpoint left" in errors[0] and "2 quarantined" in errors[0], errors
+    assert sorted(p.name.split(".")[0] for p in (tmp_path / "run.quarantine").iterdir()) == ["step-10", "step-20"]

@@ -5,6 +5,8 @@ When one of these starts failing, upstream has fixed the defect: delete the work
 
 import importlib.metadata
 import inspect
+import json
+import os
 import warnings
 
 import haliax as hax
@@ -303,3 +305,33 @@ def test_defect_14_preemption_probe_needs_the_gce_metadata_server(monkeypatch):
 
     upstream.preemption_probe_off_gce()
     assert tpus.get_current_tpu_is_preempted() is False
+
+
+def _temporary_checkpoint(path):
+    os.makedirs(path)
+    with open(os.path.join(path, "metadata.json"), "w") as f:
+        json.dump({"step": 1, "is_temporary": True}, f)
+    return path
+
+
+def test_defect_15_a_relative_base_path_keeps_every_temporary_checkpoint(tmp_path, monkeypatch):
+    from levanter.checkpoint import Checkpointer
+
+    monkeypatch.chdir(tmp_path)
+    checkpointer = Checkpointer("ckpts/run", None, [])
+    # Checkpointer.on_step records the temporary checkpoint as join(base_path, "step-N") and later deletes that.
+    temporary = _temporary_checkpoint(os.path.join(checkpointer.base_path, "step-1"))
+    checkpointer._do_rm_checkpoint(temporary)
+    assert os.path.isdir(temporary), "upstream now deletes it: remove upstream.checkpointer_base_path"
+
+
+def test_defect_15_workaround_deletes_superseded_temporary_checkpoints(tmp_path, monkeypatch):
+    from levanter_mars.training.trainer import VerifiedCheckpointerConfig
+
+    monkeypatch.chdir(tmp_path)
+    checkpointer = VerifiedCheckpointerConfig(base_path="ckpts").create("run")
+    assert checkpointer.base_path == os.path.join(os.getcwd(), "ckpts", "run")
+    temporary = _temporary_checkpoint(os.path.join(checkpointer.base_path, "step-1"))
+    checkpointer._do_rm_checkpoint(temporary)
+    assert not os.path.exists(temporary)
+    assert upstream.checkpointer_base_path("gs://bucket/ckpts/run") == "gs://bucket/ckpts/run"

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 from typing import Any, Optional
 
 import fsspec
@@ -125,6 +126,18 @@ def write_manifest(checkpoint_path: str, *, step: int, run_info: Optional[dict] 
     return manifest
 
 
+def _check_manifest_layout(manifest: Any) -> None:
+    """Valid JSON is not enough: a manifest must be what :func:`write_manifest` writes (raises ``ValueError``)."""
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not files:
+        raise ValueError("'files' is not a non-empty mapping")
+    for rel, entry in files.items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("size"), int) and isinstance(entry.get("crc32c"), str)):
+            raise ValueError(f"entry for {rel!r} is not {{size: int, crc32c: str}}")
+    if not isinstance(manifest.get("run_info") or {}, dict):
+        raise ValueError("'run_info' is not a mapping")
+
+
 def audit_checkpoint(checkpoint_path: str, *, verify_checksums: bool = True) -> CheckpointStatus:
     """Classifies one ``step-N`` directory (see the module docstring)."""
     fs, root = _fs_and_path(checkpoint_path)
@@ -144,6 +157,7 @@ def audit_checkpoint(checkpoint_path: str, *, verify_checksums: bool = True) -> 
         with fs.open(manifest_path) as f:
             manifest = json.load(f)
         expected = manifest["files"]
+        _check_manifest_layout(manifest)
     except (ValueError, KeyError, TypeError) as e:
         return CheckpointStatus(checkpoint_path, step, "corrupt", f"unreadable manifest ({e})")
 
@@ -160,12 +174,22 @@ def audit_checkpoint(checkpoint_path: str, *, verify_checksums: bool = True) -> 
     return CheckpointStatus(checkpoint_path, step, "verified", run_info=manifest.get("run_info") or {})
 
 
+_STEP_DIR = re.compile(r"step-\d+")
+
+
 def candidate_checkpoints(run_checkpoint_dir: str) -> list[str]:
     """The ``step-*`` style subdirectories of a run's checkpoint directory (and the directory itself)."""
     fs, root = _fs_and_path(run_checkpoint_dir)
     if not fs.exists(root):
         return []
-    dirs = [_with_protocol(fs, p) for p in sorted(fs.ls(root, detail=False)) if fs.isdir(p)]
+    # A directory not named like a checkpoint (notes, a backup) is one only if it has metadata.json: without it, it is
+    # not a torn checkpoint and must not be quarantined as one.
+    dirs = [
+        _with_protocol(fs, p)
+        for p in sorted(fs.ls(root, detail=False))
+        if fs.isdir(p)
+        and (_STEP_DIR.fullmatch(posixpath.basename(p.rstrip("/"))) or fs.exists(posixpath.join(p, METADATA_NAME)))
+    ]
     if fs.exists(posixpath.join(root, METADATA_NAME)):
         dirs.append(run_checkpoint_dir)
     return dirs

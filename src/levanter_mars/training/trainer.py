@@ -34,7 +34,7 @@ from levanter.utils.tree_utils import inference_mode
 from levanter_mars.optim.guard import NonFiniteGuardState, skip_nonfinite_updates
 from levanter_mars.training import checkpoints as ckpt
 from levanter_mars.training.metrics import METRICS_FILENAME, JsonlMetricsTracker
-from levanter_mars.training.upstream import forward_force_to_checkpointer, stop_data_loader
+from levanter_mars.training.upstream import checkpointer_base_path, forward_force_to_checkpointer, stop_data_loader
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class VerifiedCheckpointerConfig(CheckpointerConfig):
 
     def create(self, run_id) -> "VerifiedCheckpointer":
         return VerifiedCheckpointer(
-            base_path=self.expanded_path(run_id),
+            base_path=checkpointer_base_path(self.expanded_path(run_id)),
             save_interval=self.save_interval,
             step_policies=[CheckpointInterval(**k) for k in self.keep],
             delete_old_temp_checkpoints=self.delete_old_temp_checkpoints,
@@ -239,6 +239,7 @@ class MarsTrainer(Trainer):
         self.run_info = run_info or {}
         self._resume_from: Optional[str] = None
         self._usable_checkpoints: Optional[list[ckpt.CheckpointStatus]] = None
+        self._quarantined = 0
         self.checkpointer: Optional[Checkpointer] = None
         super().__init__(config, skip_nonfinite_updates(optimizer), loss_fn, add_default_hooks=add_default_hooks)
         self.metrics = JsonlMetricsTracker(config.run_dir / METRICS_FILENAME)
@@ -275,6 +276,7 @@ class MarsTrainer(Trainer):
                 if status.usable:
                     usable.append(status)
                 else:
+                    self._quarantined += 1
                     logger.warning("Skipping %s checkpoint %s: %s", status.state, status.path, status.reason)
                     ckpt.quarantine(status.path, f"{status.state}: {status.reason}")
             self._usable_checkpoints = usable
@@ -298,18 +300,23 @@ class MarsTrainer(Trainer):
                 logger.warning("Checkpoint %s does not load (%s: %s); trying the previous one", status.path,
                                type(e).__name__, e)
                 ckpt.quarantine(status.path, f"failed to load: {type(e).__name__}: {e}")
+                self._quarantined += 1
                 continue
             if not bool(_all_finite(state.saveable_state)):
                 logger.warning("Checkpoint %s holds NaN/Inf; trying the previous one", status.path)
                 ckpt.quarantine(status.path, "state contains NaN/Inf")
+                self._quarantined += 1
                 continue
             logger.info("Resuming from %s (step %s, %s)", status.path, int(state.step), status.state)
             # A checkpoint of state.step = S holds S updates; the log already has steps 0 .. S-1.
             self.metrics.truncate_after(int(state.step) - 1)
             return state
         self._resume_from = None
-        if candidates:
-            logger.error("No usable checkpoint left in %s: starting from scratch", self._run_checkpoint_dir())
+        if self._quarantined:  # every checkpoint was bad: say so, not only "No checkpoint found"
+            logger.error(
+                "No usable checkpoint left in %s (%d quarantined in %s.quarantine): starting from scratch",
+                self._run_checkpoint_dir(), self._quarantined, self._run_checkpoint_dir().rstrip("/"),
+            )
         if self.config.load_checkpoint is True:
             raise ckpt.CheckpointError(
                 f"trainer.load_checkpoint is true but no usable checkpoint exists in {self._run_checkpoint_dir()}"

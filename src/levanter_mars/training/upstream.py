@@ -37,12 +37,17 @@ Defects that need no code here (only a pin or a default) are listed too, with wh
     10 s, and its sorting of failures) asks the GCE metadata server, without a timeout, and raises where there is
     none, so off GCP every attempt is torn down as unhealthy: the local engine's Ray workers answer "not
     preempted" without the network (:func:`preemption_probe_off_gce`).
+15. ``Checkpointer`` deletes a superseded temporary checkpoint at ``join(base_path, path)`` where ``path`` already
+    starts with ``base_path``: with a relative base path (``runs/checkpoints`` in the shipped CPU configs) that names
+    nothing, the deletion fails (a logged traceback) and every temporary checkpoint stays on disk:
+    :func:`checkpointer_base_path`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from typing import Any, Callable, Iterator
 
 from levanter.callbacks import Callback, LambdaCallback
@@ -199,3 +204,8 @@ def preemption_probe_off_gce() -> None:
     # Through sys.modules: this may run while the module is still being imported (infra/local_worker.py).
     tpus = importlib.import_module("levanter.infra.tpus")
     tpus.get_current_tpu_is_preempted = _not_preempted
+
+
+def checkpointer_base_path(path: str) -> str:
+    """A local checkpoint base path made absolute (defect 15): joining it with itself is then a no-op."""
+    return path if "://" in path else os.path.abspath(path)

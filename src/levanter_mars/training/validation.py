@@ -8,6 +8,7 @@ whole config, the file system or the devices.
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 from typing import Any
@@ -34,10 +35,40 @@ def check_optimizer(optimizer, num_train_steps: int = 10) -> None:
             continue
         if (name.startswith("beta") or name in ("momentum", "b1", "b2")) and not 0.0 <= value < 1.0:
             raise ConfigError(f"optimizer.{name} must be in [0, 1), got {value!r}")
-        if (name.startswith("learning_rate") or name in ("weight_decay", "epsilon", "min_lr_ratio")) and value < 0:
-            raise ConfigError(f"optimizer.{name} must be >= 0, got {value!r}")
+        if (name.startswith("learning_rate") or name in ("weight_decay", "epsilon", "min_lr_ratio")) and not (
+            0 <= value < math.inf
+        ):
+            raise ConfigError(f"optimizer.{name} must be >= 0 and finite, got {value!r}")
+    check_schedule(optimizer, num_train_steps)
     if getattr(optimizer, "exact", False):
         check_loss_hook_reaches_optimizer(optimizer, num_train_steps)
+
+
+LR_SCHEDULES = ("constant", "cosine", "linear", "inv_sqrt", "inv")
+#: Levanter's schedule lengths: a fraction of the run in [0, 1], or a whole number of steps.
+SCHEDULE_LENGTHS = ("warmup", "decay", "rewarmup", "cooldown", "cycle_length")
+
+
+def check_schedule(optimizer, num_train_steps: int) -> None:
+    """Levanter's learning-rate schedule fields, which it would otherwise reject with a bare ValueError."""
+    schedule = getattr(optimizer, "lr_schedule", None)
+    if isinstance(schedule, str) and schedule not in LR_SCHEDULES:
+        raise ConfigError(f"optimizer.lr_schedule must be one of {LR_SCHEDULES}, got {schedule!r}")
+    for name in SCHEDULE_LENGTHS:
+        value = getattr(optimizer, name, None)
+        if _is_number(value) and not (0 <= value <= 1 or (1 < value < math.inf and value % 1 == 0)):
+            raise ConfigError(
+                f"optimizer.{name} must be a fraction of the run in [0, 1] or a whole number of steps, got {value!r}"
+            )
+    if not hasattr(optimizer, "lr_scheduler"):
+        return
+    try:
+        optimizer.lr_scheduler(num_train_steps)
+    except ValueError as e:
+        raise ConfigError(
+            f"optimizer schedule (warmup, decay, cooldown, cycles, lr_schedule) does not fit "
+            f"trainer.num_train_steps={num_train_steps}: {e}"
+        ) from e
 
 
 def check_loss_hook_reaches_optimizer(optimizer, num_train_steps: int = 10) -> None:
@@ -86,6 +117,20 @@ def check_trainer(trainer) -> None:
         raise ConfigError(f"trainer.steps_per_eval must be >= 1, got {trainer.steps_per_eval}")
     if isinstance(trainer.train_batch_size, int) and trainer.train_batch_size < 1 and trainer.train_batch_size != -1:
         raise ConfigError(f"trainer.train_batch_size must be >= 1, got {trainer.train_batch_size}")
+    keep = trainer.checkpointer.keep
+    for i, policy in enumerate(keep if isinstance(keep, (list, tuple)) else [keep]):
+        where = f"trainer.checkpointer.keep[{i}]"
+        if not isinstance(policy, dict) or "every" not in policy or not set(policy) <= {"every", "until"}:
+            raise ConfigError(
+                f"{where} must be a mapping {{every: <steps>, until: <step or null>}} (YAML flow style needs a "
+                f"space after the colon: '[{{every: 1000}}]'), got {policy!r}"
+            )
+        for key in ("every", "until"):
+            value = policy.get(key)
+            if key == "until" and value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{where}.{key} must be a whole number of steps >= 1, got {value!r}")
     if trainer.model_axis_size < 1:
         raise ConfigError(f"trainer.model_axis_size must be >= 1, got {trainer.model_axis_size}")
 

@@ -85,6 +85,29 @@ def test_the_offline_suite_loads_its_local_task_by_path(monkeypatch):
     assert sorted({doc["answer"] for doc in docs}) == [0, 1, 2, 3]
 
 
+def test_the_offline_suite_sends_no_download_count_to_the_hub(monkeypatch):
+    # Outside the tests HF_HUB_OFFLINE is usually unset; `datasets` then reports every load of its `json` builder
+    # with a HEAD request to s3.amazonaws.com (and swallows the error), so the offline suite reached the network.
+    import datasets
+    import datasets.load
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_UPDATE_DOWNLOAD_COUNTS", True)
+    requests = []
+
+    class RecordingSession:
+        def head(self, url, **kwargs):
+            requests.append(url)
+            raise ConnectionError("no network in tests")
+
+    monkeypatch.setattr(datasets.load, "get_session", lambda: RecordingSession())
+    tasks = _suite(OFFLINE_SUITE).to_task_dict()
+    assert list(tasks) == ["pydocs_mc"]
+    assert requests == []
+    assert datasets.config.HF_UPDATE_DOWNLOAD_COUNTS is True  # restored afterwards
+
+
 def test_a_local_task_by_name_loads_without_indexing_lm_evals_builtins(monkeypatch):
     import lm_eval.tasks
 

@@ -184,3 +184,31 @@ def test_standalone_cli_reports_bad_input_naming_the_field_or_file(tmp_path, cap
     assert "holds no complete checkpoint" in error and "corrupt (missing file model/x)" in error, error
     assert cli([*suite, "--checkpoint_path", str(step), "--train_config_path", str(TINY_CONFIG)]) == 1
     assert "corrupt (missing file model/x)" in capsys.readouterr().err
+
+
+def test_standalone_results_of_another_runs_checkpoint_go_to_that_run(tmp_path, monkeypatch):
+    # Two runs of one YAML (the second trained with --trainer.id other): evaluating the second's checkpoint with the
+    # YAML must not label it as the first run nor overwrite the first run's results.
+    import dataclasses
+
+    from levanter_mars.eval.standalone import (
+        CheckpointSource,
+        EvalHarnessMainConfig,
+        checkpoint_run_id,
+        default_output_dir,
+    )
+
+    monkeypatch.chdir(tmp_path)
+    train = parse_config(["--config_path", str(TINY_CONFIG), "--trainer.id", "first",
+                          "--trainer.checkpointer.base_path", "ckpts", "--trainer.log_dir", "logs"])
+    suite = EvalHarnessMainConfig(task_spec=["pydocs_mc"])
+    own = CheckpointSource(str(tmp_path / "ckpts" / "first" / "step-9"), 9, False)  # same run, absolute path
+    other = CheckpointSource("ckpts/other/step-9", 9, False)
+    elsewhere = CheckpointSource("/somewhere/else/second/step-9", 9, False)
+    assert checkpoint_run_id(train, own) == "first"
+    assert checkpoint_run_id(train, other) == "other"
+    assert checkpoint_run_id(train, elsewhere) == "second"
+    assert default_output_dir(suite, train, own, "s") == "logs/first/eval/s/step-9"
+    assert default_output_dir(suite, train, other, "s") == "logs/other/eval/s/step-9"
+    explicit = dataclasses.replace(suite, output_dir="out")
+    assert default_output_dir(explicit, train, other, "s") == "out"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import posixpath
 import re
 from dataclasses import dataclass
@@ -162,14 +163,41 @@ def _hf_name(path: str) -> tuple[str, Optional[int]]:
     return (posixpath.basename(parent) or name, int(match.group(1))) if match else (name, None)
 
 
+def _comparable(path: str) -> str:
+    path = path.rstrip("/")
+    return path if "://" in path else os.path.realpath(path)
+
+
+def checkpoint_run_id(train: TrainLmConfig, source: CheckpointSource) -> str:
+    """The run a Levanter checkpoint belongs to: the training config's run, unless the checkpoint lies outside that
+    run's checkpoint directory (another run of the same YAML, e.g. one trained with ``--trainer.id`` or other
+    command-line overrides); then the name of the run directory holding the checkpoint. Without this, evaluating
+    run B's checkpoint with run A's YAML would label the row as A and overwrite A's results."""
+    own = stable_run_id(train)
+    run_dir = posixpath.dirname(source.path.rstrip("/"))
+    name = posixpath.basename(run_dir)
+    if not name or _comparable(run_dir) == _comparable(train.trainer.checkpointer.expanded_path(own)):
+        return own
+    logger.warning(
+        "Checkpoint %s is not in the checkpoint directory of run %r of the training config; its results are "
+        "labelled and stored as run %r (set --run_name / --output_dir to choose)", source.path, own, name,
+    )
+    return name
+
+
 def default_output_dir(
-    config: EvalHarnessMainConfig, train: Optional[TrainLmConfig], source: CheckpointSource, suite: str
+    config: EvalHarnessMainConfig,
+    train: Optional[TrainLmConfig],
+    source: CheckpointSource,
+    suite: str,
+    run_id: Optional[str] = None,
 ) -> str:
     if config.output_dir:
         return config.output_dir
     if not source.is_hf:
         assert train is not None
-        return posixpath.join(str(train.trainer.log_dir), stable_run_id(train), "eval", suite, f"step-{source.step}")
+        run_id = run_id or checkpoint_run_id(train, source)
+        return posixpath.join(str(train.trainer.log_dir), run_id, "eval", suite, f"step-{source.step}")
     name, step = _hf_name(source.path)
     leaf = f"hf-step-{step}" if step is not None else f"hf-{name}"
     if train is not None:
@@ -232,9 +260,13 @@ def evaluate(config: EvalHarnessMainConfig, *, suite: str = "suite") -> Optional
         return None
     assert outputs is not None
     hf_name, hf_step = _hf_name(source.path) if source.is_hf else (None, None)
-    run_name = config.run_name or (stable_run_id(train) if train is not None else hf_name)
+    if train is None:
+        run_id = hf_name
+    else:
+        run_id = stable_run_id(train) if source.is_hf else checkpoint_run_id(train, source)
+    run_name = config.run_name or run_id
     written = report.write_results(
-        outputs, default_output_dir(config, train, source, suite), run_name=run_name,
+        outputs, default_output_dir(config, train, source, suite, run_id), run_name=run_name,
         step=source.step if not source.is_hf else hf_step, checkpoint=source.path, columns=config.columns,
     )
     return EvalReport(source, written, outputs)

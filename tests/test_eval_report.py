@@ -102,3 +102,17 @@ def test_metrics_logged_without_a_step_land_on_the_current_step(tmp_path):
         {"step": 9, "train/loss": 2.0, "lm_eval/task/acc": 0.5},
         {"step": 10, "train/loss": 1.5, "lm_eval/task/acc": 0.75},
     ]
+
+
+def test_an_evaluated_task_missing_from_the_suites_columns_still_gets_a_column(tmp_path):
+    # `--task_spec '["my_task.yaml"]'` on a suite whose columns name other tasks: the task must show in the table.
+    columns = [TableColumn("pydocs_mc", "PyDocs-MC", "acc")]
+    outputs = {"results": {"my_mc": {"acc,none": 0.25}, "pydocs_mc": {"acc,none": 0.5}}, "group_subtasks": {}}
+    written = report.write_results(outputs, str(tmp_path), run_name="run", step=1, checkpoint=None, columns=columns)
+    assert written.table.splitlines()[0] == "| Run | PyDocs-MC | my_mc | Avg. |"
+    assert "| run (step 1) | 50.00 | 25.00 | 37.50 |" in written.table
+    stored = json.loads((tmp_path / "results.json").read_text())["levanter_mars"]["columns"]
+    assert [c["task"] for c in stored] == ["pydocs_mc", "my_mc"]
+    # A suite whose columns name every evaluated task keeps exactly its columns.
+    complete = [*columns, TableColumn("my_mc", "Mine")]
+    assert report.table_columns(outputs, complete) == complete

@@ -81,6 +81,14 @@ def default_columns(outputs: Mapping[str, Any]) -> list[TableColumn]:
     return [TableColumn(task=name) for name in results if name not in subtasks]
 
 
+def table_columns(outputs: Mapping[str, Any], columns: Sequence[TableColumn] = ()) -> list[TableColumn]:
+    """``columns``, then one column for each evaluated top-level task that none of them names (e.g. a task added
+    with ``--task_spec`` to a suite whose ``columns`` list others): every evaluated task shows in the table."""
+    columns = list(columns)
+    named = {column.task for column in columns}
+    return columns + [column for column in default_columns(outputs) if column.task not in named]
+
+
 def metric_value(task_results: Mapping[str, Any], metric: Optional[str]) -> Optional[float]:
     """A metric of one task's lm-eval results (keys look like ``acc,none``), as a fraction."""
     candidates = (metric,) if metric else _PREFERRED_METRICS
@@ -130,7 +138,7 @@ def write_results(
     columns: Sequence[TableColumn] = (),
 ) -> "WrittenResults":
     """Writes ``results.json`` and ``results.md`` into ``directory`` (local or a URL)."""
-    columns = list(columns) or default_columns(outputs)
+    columns = table_columns(outputs, columns)
     record = dict(outputs)
     record["levanter_mars"] = {
         "run_name": run_name,

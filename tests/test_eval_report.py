@@ -86,6 +86,12 @@ def test_comparison_of_two_runs_from_their_results_files(tmp_path, capsys):
     # Without labels, rows are named by run and step; a missing file is an error, not a crash.
     assert "| mars (step 100) |" in report.comparison_table([str(tmp_path / "mars")])
     assert compare_evals.main([str(tmp_path / "nothing")]) == 1
+    # Not a results file (a suite YAML, another JSON): an error naming the file.
+    (tmp_path / "other.json").write_text('{"step": 3}')
+    capsys.readouterr()
+    for wrong in (str(PAPER_SUITE), str(tmp_path / "other.json")):
+        assert compare_evals.main([str(tmp_path / "mars"), wrong]) == 1
+        assert f"error: {wrong} is not a results.json" in capsys.readouterr().err
 
 
 def test_metrics_logged_without_a_step_land_on_the_current_step(tmp_path):

@@ -166,7 +166,13 @@ def load_results(path: str) -> dict:
     if fs.isdir(plain):
         path = posixpath.join(path, RESULTS_JSON)
     with fsspec.open(path) as f:
-        return json.load(f)
+        try:
+            record = json.load(f)
+        except ValueError as e:
+            raise ValueError(f"{path} is not a results.json of an evaluation (not JSON: {e})") from e
+    if not isinstance(record, dict) or "results" not in record:
+        raise ValueError(f"{path} is not a results.json of an evaluation (no lm-eval `results`)")
+    return record
 
 
 def stored_columns(record: Mapping[str, Any]) -> list[TableColumn]:

@@ -80,3 +80,24 @@ def test_sizing_divides_the_batch(size):
 def test_placeholder_buckets_are_refused():
     with pytest.raises(ConfigError, match="data.cache_dir is still the placeholder"):
         check_placeholders(_parse(CONFIG_DIR / "gpt2_small_mars.yaml"))
+
+
+def test_an_offline_wandb_tracker_puts_wandb_mode_in_the_environment(monkeypatch):
+    # wandb-core resolved api.forge.coreweave.com at the end of a `mode: offline` run (the nano config's) unless
+    # WANDB_MODE was set: the offline mode must reach wandb-core's environment too.
+    import os
+
+    from levanter_mars.training.run import wandb_offline_unless_configured
+
+    repo = Path(__file__).resolve().parent.parent
+    monkeypatch.setenv("WANDB_MODE", "set so that monkeypatch restores it")
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    config = parse_config(["--config_path", str(repo / "config" / "gpt2_nano_mars.yaml")])
+    assert config.trainer.tracker.mode == "offline"
+    wandb_offline_unless_configured(config)
+    assert os.environ["WANDB_MODE"] == "offline"
+    # An explicit WANDB_MODE is left alone.
+    monkeypatch.setenv("WANDB_MODE", "online")
+    wandb_offline_unless_configured(parse_config(["--config_path", str(repo / "config" / "gpt2_nano_mars.yaml")]))
+    assert os.environ["WANDB_MODE"] == "online"

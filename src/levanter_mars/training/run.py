@@ -112,6 +112,11 @@ def wandb_offline_unless_configured(config: TrainLmConfig) -> None:
         if isinstance(tracker, WandbConfig) and tracker.mode is None and not configured:
             tracker.mode = "offline"
             logger.warning("No WANDB_API_KEY or WANDB_MODE: logging to W&B offline (sync later with `wandb sync`).")
+        offline = isinstance(tracker, WandbConfig) and tracker.mode in ("offline", "disabled")
+        if offline and "WANDB_MODE" not in os.environ:
+            # wandb 0.31's wandb-core service resolves api.forge.coreweave.com at shutdown when the mode comes only
+            # from wandb.init(mode="offline"); with WANDB_MODE in its environment it stays off the network.
+            os.environ["WANDB_MODE"] = tracker.mode
 
 
 def run_dir(config: TrainLmConfig) -> Path:

@@ -59,6 +59,10 @@ def test_exact_without_params_raises():
         (dict(weight_decay_1d=-0.1), "weight_decay_1d"),
         (dict(learning_rate_1d=-1e-3), "learning_rate_1d"),
         (dict(max_grad_norm=0.0), "max_grad_norm"),
+        (dict(max_grad_norm=float("inf")), "max_grad_norm"),
+        (dict(learning_rate_1d=float("inf")), "learning_rate_1d"),
+        (dict(weight_decay=float("nan")), "weight_decay"),
+        (dict(gamma=float("nan")), "gamma"),
     ],
 )
 def test_bad_hyperparameters_raise_naming_the_field(kwargs, field):
@@ -66,9 +70,10 @@ def test_bad_hyperparameters_raise_naming_the_field(kwargs, field):
         mars(1e-3, **kwargs)
 
 
-def test_negative_learning_rate_raises():
+@pytest.mark.parametrize("learning_rate", [-1e-3, float("inf"), float("nan")])
+def test_negative_or_non_finite_learning_rate_raises(learning_rate):
     with pytest.raises(ValueError, match="^learning_rate "):
-        mars(-1e-3)
+        mars(learning_rate)
 
 
 def test_state_layout_per_variant():

@@ -14,7 +14,6 @@ likewise be a path.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 from dataclasses import dataclass, field
@@ -54,7 +53,10 @@ class EvalSuiteConfig(LmEvalHarnessConfig):
         local = local_task_names(directories)
         needs_builtins = any(_task_name(entry) not in local for entry in spec)
         resolved = dataclasses.replace(self, task_spec=spec)
-        with upstream.lm_eval_task_manager(directories, include_defaults=needs_builtins), _no_download_counts():
+        with (
+            upstream.lm_eval_task_manager(directories, include_defaults=needs_builtins),
+            upstream.no_datasets_download_counts(),
+        ):
             try:
                 return LmEvalHarnessConfig.to_task_dict(resolved)
             except ValueError as e:
@@ -69,24 +71,6 @@ class EvalSuiteConfig(LmEvalHarnessConfig):
 
 
 _FAILED_TO_LOAD = "Failed to load task "
-
-
-@contextlib.contextmanager
-def _no_download_counts():
-    """Keeps `datasets` from reporting each load of a packaged builder (``json``, ``csv``, ...) to Hugging Face.
-
-    Unless HF_HUB_OFFLINE is set, ``datasets.load_dataset`` sends a HEAD request to s3.amazonaws.com
-    (``increase_load_count``) every time a task reads local files, e.g. the offline ``pydocs_mc`` task: a network
-    attempt from a suite documented as needing no network, and 3 s of timeout where DNS hangs. Nothing depends on it.
-    """
-    import datasets
-
-    saved = datasets.config.HF_UPDATE_DOWNLOAD_COUNTS
-    datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
-    try:
-        yield
-    finally:
-        datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = saved
 
 
 def _unique(items: Iterable[str]) -> list[str]:

@@ -143,10 +143,10 @@ def validate_mars_hyperparameters(
         ("weight_decay", weight_decay),
         ("weight_decay_1d", weight_decay_1d),
     ):
-        if isinstance(value, numbers.Real) and not value >= 0.0:
-            fail(name, "must be >= 0", value)
-    if max_grad_norm is not None and not (isinstance(max_grad_norm, numbers.Real) and max_grad_norm > 0):
-        fail("max_grad_norm", "must be None or > 0", max_grad_norm)
+        if isinstance(value, numbers.Real) and not 0.0 <= value < math.inf:
+            fail(name, "must be >= 0 and finite", value)
+    if max_grad_norm is not None and not (isinstance(max_grad_norm, numbers.Real) and 0 < max_grad_norm < math.inf):
+        fail("max_grad_norm", "must be None or > 0 and finite", max_grad_norm)
 
 
 def _uses_mars(role: TensorRole, optimize_1d: bool) -> bool:

@@ -41,6 +41,15 @@ Defects that need no code here (only a pin or a default) are listed too, with wh
     starts with ``base_path``: with a relative base path (``runs/checkpoints`` in the shipped CPU configs) that names
     nothing, the deletion fails (a logged traceback) and every temporary checkpoint stays on disk:
     :func:`checkpointer_base_path`.
+
+Defects of other pinned dependencies that reach this project's runs:
+
+16. ``datasets`` (under lm-eval) sends a HEAD request to s3.amazonaws.com for every load of a packaged builder
+    (``json``, ``csv``) unless ``HF_HUB_OFFLINE`` is set, so even a suite of local tasks reaches the network:
+    :func:`no_datasets_download_counts`.
+17. wandb 0.31's ``wandb-core`` resolves its API host at shutdown when offline mode comes only from
+    ``wandb.init(mode=...)``: :func:`levanter_mars.training.run.wandb_offline_unless_configured` also sets
+    ``WANDB_MODE``.
 """
 
 from __future__ import annotations
@@ -209,3 +218,20 @@ def preemption_probe_off_gce() -> None:
 def checkpointer_base_path(path: str) -> str:
     """A local checkpoint base path made absolute (defect 15): joining it with itself is then a no-op."""
     return path if "://" in path else os.path.abspath(path)
+
+
+@contextlib.contextmanager
+def no_datasets_download_counts() -> Iterator[None]:
+    """Keeps ``datasets`` from reporting loads of its packaged builders to Hugging Face (defect 16).
+
+    Nothing depends on the count; without this, the offline ``pydocs_mc`` task made a network attempt (and waited
+    for its timeout where DNS hangs).
+    """
+    import datasets
+
+    saved = datasets.config.HF_UPDATE_DOWNLOAD_COUNTS
+    datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
+    try:
+        yield
+    finally:
+        datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = saved

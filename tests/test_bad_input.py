@@ -115,3 +115,19 @@ def test_exact_with_a_chain_that_cannot_receive_the_loss_hook():
         check_optimizer(_ExactBehindPlainTransform(exact=True))
     check_optimizer(MarsAdamWConfig(exact=True))  # the real chain receives it
     check_optimizer(_ExactBehindPlainTransform(exact=False))  # approx does not need it
+
+
+def test_missing_data_files_behind_an_existing_cache_are_warned_about(tmp_path, caplog):
+    """Raw files may be deleted once tokenized, so a cache excuses them, but not silently."""
+    from types import SimpleNamespace
+
+    from levanter_mars.training.data import missing_data_paths
+
+    data = SimpleNamespace(cache_dir=str(tmp_path / "cache"), train_urls=[str(tmp_path / "gone.jsonl")],
+                           validation_urls=[])
+    assert missing_data_paths(data) == [f"data.train_urls[0]: no such file {str(tmp_path / 'gone.jsonl')!r}"]
+    (tmp_path / "cache" / "train").mkdir(parents=True)
+    (tmp_path / "cache" / "train" / "shard_ledger.json").write_text("{}")
+    with caplog.at_level("WARNING"):
+        assert missing_data_paths(data) == []
+    assert "data.train_urls" in caplog.text and "gone.jsonl" in caplog.text and "existing token cache" in caplog.text

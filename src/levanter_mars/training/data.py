@@ -78,11 +78,16 @@ def missing_data_paths(data) -> list[str]:
     for name, component in _url_sources(data):
         for split in SPLITS:
             urls: Iterable[str] = getattr(component, f"{split}_urls", None) or ()
-            if cache_exists(_cache_dir(data, component, name), split):
+            missing = [(i, url) for i, url in enumerate(urls) if is_local(url) and not expand_local(url)]
+            cache_dir = _cache_dir(data, component, name)
+            if missing and cache_exists(cache_dir, split):
+                # Legitimate (the raw files may be deleted once tokenized), but the cache, not the URLs, is used.
+                logger.warning(
+                    "%s.%s_urls: %s missing; training on the existing token cache %s, built from earlier files",
+                    name, split, ", ".join(repr(url) for _, url in missing), os.path.join(cache_dir, split),
+                )
                 continue
-            for i, url in enumerate(urls):
-                if is_local(url) and not expand_local(url):
-                    problems.append(f"{name}.{split}_urls[{i}]: no such file {url!r}")
+            problems.extend(f"{name}.{split}_urls[{i}]: no such file {url!r}" for i, url in missing)
     return problems
 
 

@@ -73,6 +73,8 @@ def test_bad_config_fails_fast_naming_the_field(tmp_path, pydocs_corpus, capsys,
 def test_misspelled_command_line_flag(config, capsys):
     code, output = _run(capsys, config, "--optimizer.gama", "0.1")
     assert code == 2 and "--optimizer.gama" in output
+    assert "did you mean --optimizer.gamma?" in output
+    assert "usage:" not in output  # the one line that matters, not argparse's ~240 lines of fields
 
 
 def test_missing_config_file(tmp_path, capsys):

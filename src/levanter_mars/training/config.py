@@ -6,9 +6,12 @@ and ``--section.field value`` overrides); errors come back as a :class:`ConfigEr
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import difflib
 import os
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import draccus
 import levanter.config
@@ -71,7 +74,8 @@ def parse_config(argv: Sequence[str], config_class: type = TrainLmConfig):
 
     _identity.__annotations__ = {"config": config_class}
     try:
-        return levanter.config.main(_identity, args=argv, config_dir=None)()
+        with _argparse_errors_as_config_errors():
+            return levanter.config.main(_identity, args=argv, config_dir=None)()
     except draccus.utils.DecodingError as e:
         where = ".".join(str(p) for p in e.key_path)
         raise ConfigError(f"{where + ': ' if where else ''}{e.message}") from e
@@ -79,3 +83,26 @@ def parse_config(argv: Sequence[str], config_class: type = TrainLmConfig):
         raise ConfigError(str(_root_cause(e))) from e
     except ValueError as e:
         raise ConfigError(str(e)) from e
+
+
+@contextlib.contextmanager
+def _argparse_errors_as_config_errors() -> Iterator[None]:
+    """argparse's ``error`` prints the whole usage (some 240 lines of fields) before the one line that matters; raise
+    instead, with the closest known flag for each unrecognized one."""
+    original = argparse.ArgumentParser.error
+
+    def error(parser: argparse.ArgumentParser, message: str):
+        known = [flag for action in parser._actions for flag in action.option_strings]
+        hints = []
+        for token in message.split():
+            if token.startswith("--") and token not in known:
+                close = difflib.get_close_matches(token.split("=", 1)[0], known, n=1, cutoff=0.75)
+                if close:
+                    hints.append(f"{token}: did you mean {close[0]}?")
+        raise ConfigError("; ".join([message, *hints]) + f" (`{parser.prog} --help` lists every field)")
+
+    argparse.ArgumentParser.error = error  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.error = original  # type: ignore[method-assign]

@@ -152,13 +152,19 @@ def _dataset_error(error: ValueError) -> Optional[EvalDatasetError]:
     if offline:
         import datasets
 
+        offline_flags = [v for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE") if os.environ.get(v, "0") not in ("", "0")]
+        where = (
+            f"{' and '.join(offline_flags)} {'is' if len(offline_flags) == 1 else 'are'} set here: if this machine "
+            "can reach the Hub, unset them."
+            if offline_flags
+            else "This machine could not reach the Hub."
+        )
         return EvalDatasetError(
             f"task {task}: its dataset is not available ({offline[0]}). lm-eval downloads task data from the "
             f"Hugging Face Hub into the HF datasets cache ({datasets.config.HF_DATASETS_CACHE}). To make it "
             "available offline, run once where the Hub is reachable, with HF_DATASETS_OFFLINE and HF_HUB_OFFLINE "
             "unset or 0: `python -m levanter_mars.main.eval_harness --config_path <this suite> --download_only "
-            "true`, then use that cache here (same HF_HOME or HF_DATASETS_CACHE, or copy the directory). If this "
-            "machine can reach the Hub, set HF_DATASETS_OFFLINE=0 and HF_HUB_OFFLINE=0."
+            f"true`, then use that cache here (same HF_HOME or HF_DATASETS_CACHE, or copy the directory). {where}"
         )
     if missing_file:
         return EvalDatasetError(

@@ -1,5 +1,6 @@
 """Every shipped training config parses, and the GPT-2 recipe configs have the paper's sizes and settings."""
 
+import os
 from pathlib import Path
 
 import equinox as eqx
@@ -101,3 +102,24 @@ def test_an_offline_wandb_tracker_puts_wandb_mode_in_the_environment(monkeypatch
     monkeypatch.setenv("WANDB_MODE", "online")
     wandb_offline_unless_configured(parse_config(["--config_path", str(repo / "config" / "gpt2_nano_mars.yaml")]))
     assert os.environ["WANDB_MODE"] == "online"
+
+
+def test_fresh_twice_in_one_second_keeps_both_old_runs(tmp_path, monkeypatch):
+    import datetime
+
+    from levanter_mars.training import run
+
+    class FrozenClock(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return cls(2026, 1, 1, 12, 0, 0)
+
+    monkeypatch.setattr(run.datetime, "datetime", FrozenClock)
+    target = tmp_path / "run"
+    moved = []
+    for content in ("first", "second"):
+        target.mkdir()
+        (target / "metrics.jsonl").write_text(content)
+        moved.append(run._set_aside(str(target)))
+    assert len(set(moved)) == 2 and not target.exists()
+    assert [open(os.path.join(m, "metrics.jsonl")).read() for m in moved] == ["first", "second"]

@@ -96,6 +96,10 @@ def _set_aside(path: str) -> Optional[str]:
         return None
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     destination = f"{path.rstrip('/')}.old-{stamp}"
+    suffix = 1
+    while os.path.exists(destination):  # two --fresh runs within a second: never move one run into another
+        suffix += 1
+        destination = f"{path.rstrip('/')}.old-{stamp}-{suffix}"
     shutil.move(path, destination)
     logger.warning("fresh=true: moved %s to %s", path, destination)
     return destination

@@ -264,6 +264,10 @@ class MarsTrainer(Trainer):
     def checkpoint_path(self) -> str:
         return self._resume_from or super().checkpoint_path
 
+    def _quarantine(self, path: str, reason: str) -> None:
+        ckpt.quarantine(path, reason)
+        self._quarantined += 1  # reported if no checkpoint is left
+
     def _run_checkpoint_dir(self) -> str:
         return self.config.load_checkpoint_path or self.config.checkpointer.expanded_path(self.run_id)
 
@@ -276,9 +280,8 @@ class MarsTrainer(Trainer):
                 if status.usable:
                     usable.append(status)
                 else:
-                    self._quarantined += 1
                     logger.warning("Skipping %s checkpoint %s: %s", status.state, status.path, status.reason)
-                    ckpt.quarantine(status.path, f"{status.state}: {status.reason}")
+                    self._quarantine(status.path, f"{status.state}: {status.reason}")
             self._usable_checkpoints = usable
         return self._usable_checkpoints
 
@@ -299,13 +302,11 @@ class MarsTrainer(Trainer):
                     ) from e
                 logger.warning("Checkpoint %s does not load (%s: %s); trying the previous one", status.path,
                                type(e).__name__, e)
-                ckpt.quarantine(status.path, f"failed to load: {type(e).__name__}: {e}")
-                self._quarantined += 1
+                self._quarantine(status.path, f"failed to load: {type(e).__name__}: {e}")
                 continue
             if not bool(_all_finite(state.saveable_state)):
                 logger.warning("Checkpoint %s holds NaN/Inf; trying the previous one", status.path)
-                ckpt.quarantine(status.path, "state contains NaN/Inf")
-                self._quarantined += 1
+                self._quarantine(status.path, "state contains NaN/Inf")
                 continue
             logger.info("Resuming from %s (step %s, %s)", status.path, int(state.step), status.state)
             # A checkpoint of state.step = S holds S updates; the log already has steps 0 .. S-1.

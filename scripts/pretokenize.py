@@ -16,13 +16,14 @@ import sys
 
 from levanter_mars.training import data as data_lib
 from levanter_mars.training import pydocs_corpus
-from levanter_mars.training.config import ConfigError, parse_config
+from levanter_mars.eval.train_config import parse_train_config
+from levanter_mars.training.config import ConfigError
 
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = parse_config(argv)
+        config = parse_train_config(argv)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

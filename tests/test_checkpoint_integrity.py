@@ -108,23 +108,16 @@ def test_unwritable_directory_is_reported_by_name(tmp_path):
 
 def test_when_every_checkpoint_is_bad_the_restart_from_scratch_is_reported(tmp_path, monkeypatch, caplog):
     import logging
-    from types import SimpleNamespace
 
-    from levanter.trainer import Trainer
-
-    from levanter_mars.training.trainer import MarsTrainer
+    from levanter_mars.training.resume import load_first_usable, plan_resume
 
     run = tmp_path / "run"
     for step in (10, 20):
         (_make_checkpoint(run, step) / "metadata.json").unlink()  # both incomplete
-    trainer = object.__new__(MarsTrainer)  # only what initial_state touches
-    trainer.config = SimpleNamespace(load_checkpoint=None, load_checkpoint_path=str(run),
-                                     checkpointer=SimpleNamespace(verify_checksums=True))
-    trainer.run_info, trainer._resume_from, trainer._usable_checkpoints, trainer._quarantined = {}, None, None, 0
-    trainer.metrics = SimpleNamespace(truncate_after=lambda step: None)
-    monkeypatch.setattr(Trainer, "initial_state", lambda self, *args, **kwargs: SimpleNamespace(step=0))
     with caplog.at_level(logging.WARNING, logger="levanter_mars"):
-        trainer.initial_state(None)
+        plan = plan_resume(str(run), {}, verify_checksums=True)
+        assert plan.candidates == () and plan.quarantined == 2
+        assert load_first_usable(plan, {}, load=lambda path: pytest.fail(f"loaded {path}")) is None
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "No usable checkpoint left" in errors[0] and "2 quarantined" in errors[0], errors
     assert sorted(p.name.split(".")[0] for p in (tmp_path / "run.quarantine").iterdir()) == ["step-10", "step-20"]

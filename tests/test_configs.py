@@ -8,7 +8,8 @@ import haliax as hax
 import jax
 import pytest
 
-from levanter_mars.training.config import ConfigError, parse_config
+from levanter_mars.eval.train_config import parse_train_config as parse_config
+from levanter_mars.training.config import ConfigError
 from levanter_mars.training.validation import check_placeholders
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
@@ -88,7 +89,7 @@ def test_an_offline_wandb_tracker_puts_wandb_mode_in_the_environment(monkeypatch
     # WANDB_MODE was set: the offline mode must reach wandb-core's environment too.
     import os
 
-    from levanter_mars.training.run import wandb_offline_unless_configured
+    from levanter_mars.compat.tracking import wandb_offline_unless_configured
 
     repo = Path(__file__).resolve().parent.parent
     monkeypatch.setenv("WANDB_MODE", "set so that monkeypatch restores it")
@@ -96,30 +97,30 @@ def test_an_offline_wandb_tracker_puts_wandb_mode_in_the_environment(monkeypatch
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     config = parse_config(["--config_path", str(repo / "config" / "gpt2_nano_mars.yaml")])
     assert config.trainer.tracker.mode == "offline"
-    wandb_offline_unless_configured(config)
+    wandb_offline_unless_configured(config.trainer)
     assert os.environ["WANDB_MODE"] == "offline"
     # An explicit WANDB_MODE is left alone.
     monkeypatch.setenv("WANDB_MODE", "online")
-    wandb_offline_unless_configured(parse_config(["--config_path", str(repo / "config" / "gpt2_nano_mars.yaml")]))
+    wandb_offline_unless_configured(parse_config(["--config_path", str(repo / "config" / "gpt2_nano_mars.yaml")]).trainer)
     assert os.environ["WANDB_MODE"] == "online"
 
 
 def test_fresh_twice_in_one_second_keeps_both_old_runs(tmp_path, monkeypatch):
     import datetime
 
-    from levanter_mars.training import run
+    from levanter_mars.training import fresh
 
     class FrozenClock(datetime.datetime):
         @classmethod
         def now(cls, tz=None):
             return cls(2026, 1, 1, 12, 0, 0)
 
-    monkeypatch.setattr(run.datetime, "datetime", FrozenClock)
+    monkeypatch.setattr(fresh.datetime, "datetime", FrozenClock)
     target = tmp_path / "run"
     moved = []
     for content in ("first", "second"):
         target.mkdir()
         (target / "metrics.jsonl").write_text(content)
-        moved.append(run._set_aside(str(target)))
+        moved.append(fresh.set_aside(str(target)))
     assert len(set(moved)) == 2 and not target.exists()
     assert [open(os.path.join(m, "metrics.jsonl")).read() for m in moved] == ["first", "second"]

@@ -7,6 +7,7 @@ import pytest
 
 from levanter_mars.eval.report import TableColumn
 from levanter_mars.eval.suite import EvalDatasetError, EvalSuiteConfig, TaskSpecError, resolve_task_spec
+from levanter_mars.eval.train_config import parse_train_config
 from levanter_mars.training.config import parse_config
 from tests.helpers.evals import LOCAL_TASKS, OFFLINE_SUITE
 from tests.helpers.training import REPO, TINY_CONFIG
@@ -152,13 +153,13 @@ def test_a_training_yaml_includes_a_suite_relative_to_itself(tmp_path):
     shutil.copy(EVAL_CONFIGS / "quick.yaml", tmp_path / "eval" / "quick.yaml")
     train_yaml = tmp_path / "train.yaml"
     train_yaml.write_text(TINY_CONFIG.read_text() + "eval_harness: !include eval/quick.yaml\neval_harness_steps: 500\n")
-    config = parse_config(["--config_path", str(train_yaml)])
+    config = parse_train_config(["--config_path", str(train_yaml)])
     assert isinstance(config.eval_harness, EvalSuiteConfig)
     assert config.eval_harness == _suite(EVAL_CONFIGS / "quick.yaml")
     assert config.eval_harness_steps == 500
     assert config.eval_harness.columns[1] == TableColumn("hellaswag", "HellaSwag", "acc_norm")
     # On the command line, draccus' `include` keyword takes a path relative to the working directory.
-    from_cli = parse_config(["--config_path", str(TINY_CONFIG), "--eval_harness", f"include {OFFLINE_SUITE}"])
+    from_cli = parse_train_config(["--config_path", str(TINY_CONFIG), "--eval_harness", f"include {OFFLINE_SUITE}"])
     assert from_cli.eval_harness == _suite(OFFLINE_SUITE)
 
 
@@ -201,7 +202,7 @@ def test_standalone_results_of_another_runs_checkpoint_go_to_that_run(tmp_path, 
     )
 
     monkeypatch.chdir(tmp_path)
-    train = parse_config(["--config_path", str(TINY_CONFIG), "--trainer.id", "first",
+    train = parse_train_config(["--config_path", str(TINY_CONFIG), "--trainer.id", "first",
                           "--trainer.checkpointer.base_path", "ckpts", "--trainer.log_dir", "logs"])
     suite = EvalHarnessMainConfig(task_spec=["pydocs_mc"])
     own = CheckpointSource(str(tmp_path / "ckpts" / "first" / "step-9"), 9, False)  # same run, absolute path

@@ -147,16 +147,16 @@ def test_wandb_is_offline_unless_configured(workdir, pydocs_corpus, monkeypatch)
     from levanter.tracker.wandb import WandbConfig
 
     from levanter_mars.training.config import parse_config
-    from levanter_mars.training.run import wandb_offline_unless_configured
+    from levanter_mars.compat.tracking import wandb_offline_unless_configured
 
     wandb_config = tiny_config(workdir, pydocs_corpus, "wb", {"trainer": {"tracker": {"type": "wandb"}}})
     config = parse_config(["--config_path", str(wandb_config)])
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     assert isinstance(config.trainer.tracker, WandbConfig) and config.trainer.tracker.mode is None
-    wandb_offline_unless_configured(config)
+    wandb_offline_unless_configured(config.trainer)
     assert config.trainer.tracker.mode == "offline"
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     online = parse_config(["--config_path", str(wandb_config)])
-    wandb_offline_unless_configured(online)
+    wandb_offline_unless_configured(online.trainer)
     assert online.trainer.tracker.mode is None

@@ -90,7 +90,7 @@ def install_poisoned_batches(scales: Mapping[int, float | str]) -> None:
     ``1e6`` a huge-gradient one. The factor is a traced argument, so the step compiles once. The exact-mode objective
     sees the same batch, hence the same factor."""
     import jax.numpy as jnp
-    import levanter.main.train_lm as train_lm
+    import levanter_mars.training.lm as train_lm
 
     from levanter_mars.training.trainer import MarsTrainer
 

@@ -1,6 +1,6 @@
 """Runs Levanter's eval-harness log-likelihood dispatch on a 2-device mesh, without and with the workaround of
 upstream defect 13, and prints a JSON summary. Run in a fresh process with
-XLA_FLAGS=--xla_force_host_platform_device_count=2 (tests/test_upstream_workarounds.py does)."""
+XLA_FLAGS=--xla_force_host_platform_device_count=2 (tests/test_compat.py does)."""
 
 import json
 
@@ -11,7 +11,7 @@ from jax.sharding import Mesh
 from levanter.eval_harness import _LmEvalHarnessWorker
 from levanter.models.gpt2 import Gpt2Config
 
-from levanter_mars.training import upstream
+from levanter_mars.compat import lm_eval_harness
 
 
 def main() -> None:
@@ -31,7 +31,7 @@ def main() -> None:
             out["without"] = "ok"
         except ValueError as e:
             out["without"] = str(e)
-        with upstream.eval_harness_on_mesh():
+        with lm_eval_harness.eval_harness_on_mesh():
             segments, loglikelihoods, _ = worker.dispatch_loglikelihood(batch)
         out["with"] = {"segments": segments.array.tolist(), "finite": bool(np.isfinite(loglikelihoods.array).all())}
     print(json.dumps(out))

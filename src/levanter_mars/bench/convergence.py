@@ -98,13 +98,13 @@ def prepare_corpus(base: Mapping[str, Any], workdir: Path, overrides: Optional[M
     """Builds the embedded corpus and its token caches for the runs of ``workdir``, once, so that parallel runs
     only read them."""
     from levanter_mars.training import data as data_lib
-    from levanter_mars.training.config import parse_config
+    from levanter_mars.eval.train_config import parse_train_config
 
     config = run_config(base, SWEEP[0], SWEEP[0].learning_rates[0], 0, workdir, overrides)
     path = workdir / "configs" / "corpus.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    parsed = parse_config(["--config_path", str(path)])
+    parsed = parse_train_config(["--config_path", str(path)])
     pydocs_corpus.prepare(parsed.embedded_corpus)
     data_lib.build_local_caches(parsed.data)
 

@@ -4,7 +4,7 @@ Levanter is imported for its GPT-2 model only. When ``import levanter`` fails (i
 subsystem: Ray, TensorStore, lm-eval, ...; a GPU image may lack one), the model modules are imported without it,
 which needs only haliax, equinox, transformers and the like. The loss is written here, not taken from Levanter: the
 pinned Levanter's loss passes a float ``where=`` mask that jax >= 0.8 rejects (upstream defect 7 in
-``levanter_mars.training.upstream``), and the benchmarks must also run on newer jax.
+``levanter_mars.compat``), and the benchmarks must also run on newer jax.
 """
 
 from __future__ import annotations

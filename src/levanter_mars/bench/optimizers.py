@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import unittest.mock
 from typing import Any, Callable, Iterator, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
+
+from levanter_mars.compat.levanter_optimizers import jax_tree_map_restored
 
 ADAMW = "adamw"
 LEVANTER_MARS = "levanter-mars"
@@ -39,10 +40,8 @@ class OptimizerCase:
 
 @contextlib.contextmanager
 def levanter_mars_workaround() -> Iterator[None]:
-    """Upstream defect 8 (``levanter_mars.training.upstream``): Levanter's own ``mars`` calls ``jax.tree_map``, which
-    jax removed. For this benchmark only, and only while it is built and traced, ``jax.tree_map`` is ``jax.tree.map``.
-    """
-    with unittest.mock.patch.object(jax, "tree_map", jax.tree.map, create=True):
+    """Defect 8 in ``levanter_mars.compat``, for this benchmark only."""
+    with jax_tree_map_restored():
         yield
 
 

@@ -1,27 +1,23 @@
 """The eval harness during training: every ``eval_harness_steps`` steps and once at the end.
 
-Levanter's own hook (``levanter.eval_harness.lm_eval_harness``) is replaced by :class:`EvalHarnessHook` (upstream
-defect 12), which runs the same evaluation (``levanter.eval_harness._actually_run_eval_harness``, as Levanter's hook
-does, on the tasks loaded once) and logs the same ``lm_eval/<task>/<metric>`` metrics to the trackers (W&B and
+The entry point installs :class:`EvalHarnessHook` instead of Levanter's own hook (defect 12 in
+``levanter_mars.compat``). It runs the same evaluation as Levanter's hook, on the tasks loaded once, and logs the same ``lm_eval/<task>/<metric>`` metrics to the trackers (W&B and
 ``metrics.jsonl``), but evaluates each step once and writes ``results.json``/``results.md`` into
 ``<run dir>/eval/in_training/step-N/``, next to what the standalone evaluation writes.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import posixpath
-from typing import Any, Callable
-
 import jax
 import levanter.eval_harness
 import levanter.tracker
 from levanter.callbacks import Callback, StepInfo
 
+from levanter_mars.compat.lm_eval_harness import run_eval_harness
 from levanter_mars.eval import report
 from levanter_mars.eval.suite import EvalSuiteConfig
-from levanter_mars.training import upstream
 
 logger = logging.getLogger(__name__)
 
@@ -53,11 +49,10 @@ class EvalHarnessHook(Callback):
             return
         self._evaluated.add(step)
         logger.info("Running the eval harness at step %d", step)
-        with upstream.eval_harness_on_mesh():
-            outputs = levanter.eval_harness._actually_run_eval_harness(
-                self.config, info.eval_model, self.tasks, self.tokenizer, self.EvalBatch, self.axis_resources, self.mp
-            )
-        if jax.process_index() != 0:
+        outputs = run_eval_harness(
+            self.config, info.eval_model, self.tasks, self.tokenizer, self.EvalBatch, self.axis_resources, self.mp
+        )
+        if jax.process_index() != 0:  # process 0 drove lm-eval; it alone logs and writes the results
             return
         assert outputs is not None
         tracker = levanter.tracker.current_tracker()
@@ -70,6 +65,10 @@ class EvalHarnessHook(Callback):
         tracker.log_artifact(written.json_path, name=f"lm_eval_harness_results.{step}.json", type="lm_eval_output")
 
 
-def hook_factory(*, run_dir: str, run_name: str) -> Callable[..., Any]:
-    """A replacement for ``levanter.eval_harness.lm_eval_harness`` (same positional arguments)."""
-    return functools.partial(EvalHarnessHook, run_dir=run_dir, run_name=run_name)
+def install(trainer, suite: EvalSuiteConfig, every: int, tokenizer, *, run_dir: str) -> None:
+    """Adds the suite's hook to a training run (every ``every`` steps and at the end)."""
+    hook = EvalHarnessHook(
+        suite, tokenizer, trainer.config.EvalBatch, trainer.compute_axis_mapping, trainer.mp,
+        run_dir=run_dir, run_name=trainer.run_id,
+    )
+    trainer.add_hook(hook, every=every)

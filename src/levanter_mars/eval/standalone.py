@@ -36,12 +36,15 @@ from levanter.models.gpt2 import Gpt2Config
 from levanter.tracker import NoopConfig
 from levanter.utils.tree_utils import inference_mode
 
+from levanter_mars.compat.levanter_models import hf_converter
+from levanter_mars.compat.lm_eval_harness import eval_harness_on_mesh
 from levanter_mars.eval import report
 from levanter_mars.eval.suite import EvalSuiteConfig
-from levanter_mars.training import upstream
+from levanter_mars.eval.train_config import TrainAndEvalConfig as TrainLmConfig
+from levanter_mars.eval.train_config import parse_train_config
 from levanter_mars.training.checkpoints import METADATA_NAME, CheckpointError, audit_checkpoint, audit_run
-from levanter_mars.training.config import ConfigError, TrainLmConfig, parse_config
-from levanter_mars.training.run import stable_run_id
+from levanter_mars.training.config import ConfigError
+from levanter_mars.training.identity import stable_run_id
 from levanter_mars.training.trainer import MarsTrainerConfig
 
 logger = logging.getLogger(__name__)
@@ -95,7 +98,7 @@ class EvalReport:
 
 def load_train_config(path: str) -> TrainLmConfig:
     try:
-        return parse_config(["--config_path", path])
+        return parse_train_config(["--config_path", path])
     except ConfigError as e:
         raise ConfigError(f"train_config_path {path!r}: {e}") from e
 
@@ -208,9 +211,7 @@ def default_output_dir(
 def _load_model(source: CheckpointSource, model_config, tokenizer, trainer: MarsTrainerConfig):
     mapping = trainer.parameter_axis_mapping
     if source.is_hf:
-        with upstream.gpt2_without_hub(tokenizer):
-            converter = model_config.hf_checkpoint_converter()
-        converter = converter.replaced(reference_checkpoint=source.path, tokenizer=tokenizer)
+        converter = hf_converter(model_config, tokenizer).replaced(reference_checkpoint=source.path)
         return converter.load_pretrained(
             model_config.model_type, ref=source.path, dtype=trainer.mp.param_dtype, axis_mapping=mapping
         )
@@ -251,7 +252,7 @@ def evaluate(config: EvalHarnessMainConfig, *, suite: str = "suite") -> Optional
     trainer = _trainer_config(config, train)
     trainer.initialize()
     logger.info("Evaluating %s on %d device(s)", source.path, jax.device_count())
-    with trainer.use_device_mesh(), hax.axis_mapping(trainer.parameter_axis_mapping), upstream.eval_harness_on_mesh():
+    with trainer.use_device_mesh(), hax.axis_mapping(trainer.parameter_axis_mapping), eval_harness_on_mesh():
         model = inference_mode(_load_model(source, model_config, tokenizer, trainer), True)
         outputs = run_lm_eval_harness(
             config, model, tokenizer, trainer.EvalBatch, axis_resources=trainer.compute_axis_mapping, mp=trainer.mp

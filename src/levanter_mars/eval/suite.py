@@ -23,7 +23,7 @@ import yaml
 from levanter.eval_harness import LmEvalHarnessConfig
 
 from levanter_mars.eval.report import TableColumn
-from levanter_mars.training import upstream
+from levanter_mars.compat import lm_eval_harness
 
 _YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -45,7 +45,7 @@ class EvalSuiteConfig(LmEvalHarnessConfig):
     """The results table: one column per entry, in order, plus their average. Empty: one column per task."""
 
     def to_task_dict(self) -> dict:
-        """Levanter's ``to_task_dict``, with local task YAMLs resolvable (upstream defect 11) and a clear
+        """Levanter's ``to_task_dict``, with local task YAMLs resolvable (defect 11 in levanter_mars.compat) and a clear
         :class:`EvalDatasetError` when a task's data cannot be loaded."""
         spec, directories = resolve_task_spec(self.to_task_spec())
         directories = _unique([*self.include_path, *directories])
@@ -54,8 +54,8 @@ class EvalSuiteConfig(LmEvalHarnessConfig):
         needs_builtins = any(_task_name(entry) not in local for entry in spec)
         resolved = dataclasses.replace(self, task_spec=spec)
         with (
-            upstream.lm_eval_task_manager(directories, include_defaults=needs_builtins),
-            upstream.no_datasets_download_counts(),
+            lm_eval_harness.lm_eval_task_manager(directories, include_defaults=needs_builtins),
+            lm_eval_harness.no_datasets_download_counts(),
         ):
             try:
                 return LmEvalHarnessConfig.to_task_dict(resolved)

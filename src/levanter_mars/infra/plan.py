@@ -17,8 +17,9 @@ import yaml
 from levanter_mars.infra.config import JobConfig, LaunchError
 from levanter_mars.infra.slices import MeshPlan, SliceType, plan_mesh, slice_type
 from levanter_mars.training import validation
-from levanter_mars.training.config import TrainLmConfig, parse_config
-from levanter_mars.training.run import stable_run_id
+from levanter_mars.eval.train_config import TrainAndEvalConfig as TrainLmConfig
+from levanter_mars.eval.train_config import parse_train_config
+from levanter_mars.training.identity import stable_run_id
 
 
 def _plain(value: Any) -> Any:
@@ -108,7 +109,7 @@ def prepare(
         if is_url(job.train_config) or os.path.isabs(job.train_config)
         else os.path.join(working_dir, job.train_config)
     )
-    config = parse_config(["--config_path", config_path, *overrides])
+    config = parse_train_config(["--config_path", config_path, *overrides])
     run_id = job.run_id or stable_run_id(config)
     config.trainer.id = run_id
 

@@ -1,27 +1,95 @@
-"""``python -m levanter_mars.main.train_lm --config_path config/<file>.yaml [--section.field value ...]``"""
+"""``python -m levanter_mars.main.train_lm --config_path config/<file>.yaml [--section.field value ...]``
+
+The program's order, on one process or on every host of a pod alike: parse; start ``jax.distributed`` (nothing
+touches a JAX backend before it); validate; prepare what is shared (corpus, token caches, set-asides, the resume
+decision: process 0 acts, the others wait for its answer); build; train; summarize (process 0).
+"""
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Optional, Sequence
 
+import levanter
+
+from levanter_mars.compat.tracking import wandb_offline_unless_configured
+from levanter_mars.eval import in_training
+from levanter_mars.eval.train_config import TrainAndEvalConfig, parse_train_config
+from levanter_mars.training import data, distributed, fresh, pydocs_corpus, validation
 from levanter_mars.training.checkpoints import CheckpointError
-from levanter_mars.training.config import ConfigError, parse_config
-from levanter_mars.training.run import train
-from levanter_mars.training.trainer import DataExhaustedError, NonFiniteTrainingError
+from levanter_mars.training.config import ConfigError
+from levanter_mars.training.errors import DataExhaustedError, NonFiniteTrainingError
+from levanter_mars.training.identity import checkpoint_dir, describe_run, run_dir, stable_run_id
+from levanter_mars.training.lm import train_lm
+from levanter_mars.training.resume import plan_resume
+from levanter_mars.training.summary import RunSummary, summarize
+
+logger = logging.getLogger(__name__)
+
+
+def main(config: TrainAndEvalConfig) -> Optional[RunSummary]:
+    """Runs (or resumes) training. Raises ConfigError before any compilation if the config is bad. Returns the
+    summary on process 0, None on the other hosts."""
+    # Levanter turns on INFO for its own loggers only; ours report resumes and skipped checkpoints.
+    package_logger = logging.getLogger("levanter_mars")
+    if package_logger.level == logging.NOTSET:
+        package_logger.setLevel(logging.INFO)
+
+    distributed.start(config.trainer)
+    config.trainer.id = stable_run_id(config)
+    if config.embedded_corpus:
+        distributed.leader_decides(lambda: bool(pydocs_corpus.prepare(config.embedded_corpus)))
+    validation.validate(config)
+    wandb_offline_unless_configured(config.trainer)
+
+    distributed.leader_decides(lambda: data.build_local_caches(config.data))
+    if config.fresh:
+        distributed.leader_decides(lambda: fresh.set_aside_run(config))
+    run_info = describe_run(config)
+    resume = None
+    if config.trainer.load_checkpoint is not False:
+        resume = plan_resume(
+            config.trainer.load_checkpoint_path or checkpoint_dir(config), run_info,
+            verify_checksums=config.trainer.checkpointer.verify_checksums,
+        )
+
+    levanter.initialize(config)
+    train_lm(config, run_info=run_info, resume=resume, add_hooks=_eval_hooks(config))
+    return summarize(config) if distributed.is_leader() else None
+
+
+def _eval_hooks(config: TrainAndEvalConfig):
+    def add(trainer, tokenizer) -> None:
+        if config.eval_harness is not None:
+            in_training.install(
+                trainer, config.eval_harness, config.eval_harness_steps, tokenizer, run_dir=str(run_dir(config))
+            )
+
+    return add
+
+
+#: Exit codes: 2 for a bad config (nothing ran), 1 for a run that stopped with a reason it reports.
+_EXIT_CODES = ((ConfigError, 2), (CheckpointError, 1), (NonFiniteTrainingError, 1), (DataExhaustedError, 1))
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        summary = train(parse_config(argv))
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
-    except (CheckpointError, NonFiniteTrainingError, DataExhaustedError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(summary.describe())
+        summary = main(parse_train_config(argv))
+    except Exception as e:  # noqa: BLE001 - reported, then the exit code says which kind
+        code = next((c for cls, c in _EXIT_CODES if isinstance(e, cls)), None)
+        if code is None:
+            if not distributed.is_multiprocess():
+                raise
+            logger.exception("Training failed")
+            code = 1
+        print(f"{'config error' if code == 2 else 'error'}: {e}", file=sys.stderr)
+        if distributed.is_multiprocess():
+            distributed.exit_now(code)
+        return code
+    if summary is not None:
+        print(summary.describe())
     return 0
 
 

@@ -234,7 +234,7 @@ def check_writable(directory: str) -> None:
 
 #: Fields of ``run_info["optimizer"]`` that change the optimizer state's layout: a checkpoint written with other values
 #: cannot be resumed. (Hyperparameters such as the learning rate may change between runs.)
-LAYOUT_FIELDS = ("type", "exact", "optimize_1d")
+LAYOUT_FIELDS = ("type", "exact", "optimize_1d", "efficient")
 
 
 def check_compatible(status: CheckpointStatus, current_run_info: dict) -> None:

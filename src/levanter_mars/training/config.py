@@ -1,17 +1,15 @@
 """The training config: Levanter's ``TrainLmConfig`` with our trainer, MARS by default, and a few run-level fields.
 
 Parsing goes through Levanter's ``levanter.config.main`` (YAML via ``--config_path``, gs:// URLs, ``--configs a b``,
-and ``--section.field value`` overrides); errors come back as a :class:`ConfigError` that names the field.
+and ``--section.field value`` overrides); errors come back as a :class:`ConfigError` that names the field. The
+program's config, with eval suites, is :class:`levanter_mars.eval.train_config.TrainAndEvalConfig`.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import difflib
 import os
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Sequence
+from typing import Optional, Sequence
 
 import draccus
 import levanter.config
@@ -21,11 +19,13 @@ from levanter.models.lm_model import LmConfig
 from levanter.optim import OptimizerConfig
 
 import levanter_mars.optim.levanter_config  # noqa: F401  (registers mars-adamw, mars-lion, mars-shampoo)
-from levanter_mars.eval.suite import EvalSuiteConfig
+from levanter_mars.compat.cli import argparse_errors_raise
 from levanter_mars.optim.levanter_config import MarsAdamWConfig
+from levanter_mars.training.distributed import shared_error
 from levanter_mars.training.trainer import MarsTrainerConfig
 
 
+@shared_error
 class ConfigError(ValueError):
     """A bad config: the message names the field or file."""
 
@@ -35,8 +35,6 @@ class TrainLmConfig(UpstreamTrainLmConfig):
     trainer: MarsTrainerConfig = field(default_factory=MarsTrainerConfig)
     model: LmConfig = field(default_factory=Gpt2Config)
     optimizer: OptimizerConfig = field(default_factory=MarsAdamWConfig)
-    eval_harness: Optional[EvalSuiteConfig] = None
-    """An eval suite (e.g. ``!include eval/quick.yaml``), run every ``eval_harness_steps`` and at the end."""
 
     embedded_corpus: Optional[str] = None
     """If set, build the offline Python-docs corpus and its tokenizer in this directory before training (once)."""
@@ -74,7 +72,7 @@ def parse_config(argv: Sequence[str], config_class: type = TrainLmConfig):
 
     _identity.__annotations__ = {"config": config_class}
     try:
-        with _argparse_errors_as_config_errors():
+        with argparse_errors_raise(ConfigError):
             return levanter.config.main(_identity, args=argv, config_dir=None)()
     except draccus.utils.DecodingError as e:
         where = ".".join(str(p) for p in e.key_path)
@@ -83,26 +81,3 @@ def parse_config(argv: Sequence[str], config_class: type = TrainLmConfig):
         raise ConfigError(str(_root_cause(e))) from e
     except ValueError as e:
         raise ConfigError(str(e)) from e
-
-
-@contextlib.contextmanager
-def _argparse_errors_as_config_errors() -> Iterator[None]:
-    """argparse's ``error`` prints the whole usage (some 240 lines of fields) before the one line that matters; raise
-    instead, with the closest known flag for each unrecognized one."""
-    original = argparse.ArgumentParser.error
-
-    def error(parser: argparse.ArgumentParser, message: str):
-        known = [flag for action in parser._actions for flag in action.option_strings]
-        hints = []
-        for token in message.split():
-            if token.startswith("--") and token not in known:
-                close = difflib.get_close_matches(token.split("=", 1)[0], known, n=1, cutoff=0.75)
-                if close:
-                    hints.append(f"{token}: did you mean {close[0]}?")
-        raise ConfigError("; ".join([message, *hints]) + f" (`{parser.prog} --help` lists every field)")
-
-    argparse.ArgumentParser.error = error  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        argparse.ArgumentParser.error = original  # type: ignore[method-assign]

@@ -20,7 +20,8 @@ import optax
 from levanter_mars.training.checkpoints import CheckpointError, check_writable
 from levanter_mars.training.config import ConfigError, TrainLmConfig
 from levanter_mars.training.data import missing_data_paths
-from levanter_mars.training.trainer import NONFINITE_POLICIES
+from levanter_mars.training import distributed
+from levanter_mars.training.nonfinite import NONFINITE_POLICIES
 
 
 def _is_number(value: Any) -> bool:
@@ -138,12 +139,9 @@ def check_trainer(trainer) -> None:
 def check_mesh(trainer, device_count: int | None = None) -> None:
     """The mesh and batch arithmetic Levanter would otherwise fail on mid-initialization (or inside jit).
 
-    On a multi-host cluster the device count is only known after ``jax.distributed`` starts, so there Levanter's
-    own checks (same arithmetic) apply.
+    Runs after ``jax.distributed`` starts, so on a pod the device count is the whole slice's.
     """
     if device_count is None:
-        if trainer.distributed._is_distributed():
-            return
         device_count = jax.device_count()
     model, replica = trainer.model_axis_size, trainer.replica_ici_axis_size
     if device_count % (model * replica) != 0:
@@ -210,16 +208,36 @@ def check_data(data) -> None:
 
 
 def check_checkpoint_path(config: TrainLmConfig) -> None:
+    """Process 0 probes the (shared) checkpoint directory; every process gets its verdict."""
     path = config.trainer.checkpointer.expanded_path(config.trainer.id or "run")
-    try:
-        check_writable(path)
-    except CheckpointError as e:
-        raise ConfigError(str(e)) from e
+
+    def probe() -> None:
+        try:
+            check_writable(path)
+        except CheckpointError as e:
+            raise ConfigError(str(e)) from e
+
+    distributed.leader_decides(probe)
+
+
+#: Fields of Levanter's TrainLmConfig that this entry point does not implement.
+UNSUPPORTED = {
+    "initialize_from_hf": "start from an HF checkpoint with trainer.initialize_from or initialize_from_checkpoint_path",
+    "use_hf_model_config": "set the model fields in the YAML",
+    "log_entropy": "not implemented by levanter_mars",
+}
+
+
+def check_supported(config: TrainLmConfig) -> None:
+    for name, instead in UNSUPPORTED.items():
+        if getattr(config, name, False):
+            raise ConfigError(f"{name} is not supported by levanter_mars.main.train_lm: {instead}")
 
 
 def validate(config: TrainLmConfig, *, device_count: int | None = None) -> None:
     """All checks, cheapest first. Raises :class:`ConfigError`."""
     check_placeholders(config)
+    check_supported(config)
     check_trainer(config.trainer)
     check_model(config.model)
     check_optimizer(config.optimizer, config.trainer.num_train_steps)

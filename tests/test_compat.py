@@ -1,4 +1,4 @@
-"""Each test reproduces a defect of the pinned Levanter that levanter_mars.training.upstream works around.
+"""Each test reproduces a defect of a pinned dependency that a piece of levanter_mars.compat works around.
 
 When one of these starts failing, upstream has fixed the defect: delete the workaround and this test.
 """
@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import pytest
 from levanter.callbacks import LambdaCallback
 
-from levanter_mars.training import upstream
+from levanter_mars.compat import cli, jax_distributed, levanter_infra, levanter_models, levanter_training, lm_eval_harness
 
 
 class _Info:
@@ -46,7 +46,7 @@ def test_defect_1_workaround_forwards_force_to_the_checkpointer(tmp_path):
 
     checkpointer = RecordingCheckpointer()
     hooks = [_Hook(LambdaCallback(lambda info: None), 1), _Hook(LambdaCallback(checkpointer.on_step), 1)]
-    assert upstream.forward_force_to_checkpointer(hooks) is checkpointer
+    assert levanter_training.forward_force_to_checkpointer(hooks) is checkpointer
     for hook in hooks:
         hook.fn.on_step(_Info(), force=True)
     assert checkpointer.forced == [True]
@@ -95,11 +95,9 @@ def test_defect_3_gpt2_converter_needs_the_hub_and_the_workaround_does_not():
         Gpt2Config().hf_checkpoint_converter()  # offline (HF_HUB_OFFLINE=1 and no network in tests)
 
     tokenizer = _word_level_tokenizer()
-    with upstream.gpt2_without_hub(tokenizer):
-        converter = Gpt2Config(hidden_dim=32, num_heads=2, num_layers=1).hf_checkpoint_converter()
+    converter = levanter_models.hf_converter(Gpt2Config(hidden_dim=32, num_heads=2, num_layers=1), tokenizer)
     assert converter.reference_checkpoint is None
     assert converter.tokenizer is tokenizer
-    assert Gpt2Config.hf_checkpoint_converter.__qualname__.startswith("Gpt2Config")  # restored
 
 
 def test_defect_3_an_hf_export_needs_the_reference_config_and_the_workaround_supplies_it():
@@ -114,21 +112,8 @@ def test_defect_3_an_hf_export_needs_the_reference_config_and_the_workaround_sup
     )
     with pytest.raises(ValueError, match="Must provide a reference checkpoint"):
         stock.default_hf_config
-    with upstream.gpt2_without_hub(tokenizer):
-        offline = Gpt2Config(hidden_dim=32, num_heads=2, num_layers=1).hf_checkpoint_converter()
+    offline = levanter_models.hf_converter(Gpt2Config(hidden_dim=32, num_heads=2, num_layers=1), tokenizer)
     assert offline.default_hf_config.architectures == ["GPT2LMHeadModel"]
-
-
-def test_defect_4_train_lm_hardcodes_the_trainer_class():
-    import levanter.main.train_lm as train_lm
-    from levanter.trainer import Trainer
-
-    assert list(inspect.signature(train_lm.main).parameters) == ["config"]
-    assert train_lm.Trainer is Trainer
-    sentinel = object()
-    with upstream.use_trainer_class(sentinel):
-        assert train_lm.Trainer is sentinel
-    assert train_lm.Trainer is Trainer
 
 
 def test_defect_5_upstream_train_returns_quietly_when_data_runs_out():
@@ -209,7 +194,7 @@ def test_defect_11_workaround_indexes_local_task_directories(monkeypatch):
 
     monkeypatch.chdir(REPO_ROOT)
     original = lm_eval.tasks.TaskManager
-    with upstream.lm_eval_task_manager([str(LOCAL_TASK.parent)], include_defaults=False):
+    with lm_eval_harness.lm_eval_task_manager([str(LOCAL_TASK.parent)], include_defaults=False):
         tasks = LmEvalHarnessConfig(task_spec=["pydocs_mc"]).to_task_dict()
     assert list(tasks) == ["pydocs_mc"]
     assert len(tasks["pydocs_mc"].test_docs()) == 48
@@ -249,11 +234,6 @@ def test_defect_12_workaround_evaluates_each_step_once(monkeypatch, tmp_path):
     class Info:
         def __init__(self, step):
             self.step, self.eval_model = step, f"model@{step}"
-
-    sentinel = object()
-    with upstream.use_eval_harness_hook(sentinel):
-        assert levanter.eval_harness.lm_eval_harness is sentinel
-    assert levanter.eval_harness.lm_eval_harness is not sentinel
 
     hook = EvalHarnessHook(
         EvalSuiteConfig(task_spec=[str(LOCAL_TASK)]), None, None, {}, None, run_dir=str(tmp_path), run_name="r"
@@ -303,7 +283,7 @@ def test_defect_14_preemption_probe_needs_the_gce_metadata_server(monkeypatch):
     # run_on_pod's slice and host health checks call it.
     assert inspect.getsource(ray_tpu).count("get_current_tpu_is_preempted()") >= 3
 
-    upstream.preemption_probe_off_gce()
+    levanter_infra.preemption_probe_off_gce()
     assert tpus.get_current_tpu_is_preempted() is False
 
 
@@ -322,11 +302,11 @@ def test_defect_15_a_relative_base_path_keeps_every_temporary_checkpoint(tmp_pat
     # Checkpointer.on_step records the temporary checkpoint as join(base_path, "step-N") and later deletes that.
     temporary = _temporary_checkpoint(os.path.join(checkpointer.base_path, "step-1"))
     checkpointer._do_rm_checkpoint(temporary)
-    assert os.path.isdir(temporary), "upstream now deletes it: remove upstream.checkpointer_base_path"
+    assert os.path.isdir(temporary), "upstream now deletes it: remove checkpointer_base_path"
 
 
 def test_defect_15_workaround_deletes_superseded_temporary_checkpoints(tmp_path, monkeypatch):
-    from levanter_mars.training.trainer import VerifiedCheckpointerConfig
+    from levanter_mars.training.checkpointer import VerifiedCheckpointerConfig
 
     monkeypatch.chdir(tmp_path)
     checkpointer = VerifiedCheckpointerConfig(base_path="ckpts").create("run")
@@ -334,4 +314,47 @@ def test_defect_15_workaround_deletes_superseded_temporary_checkpoints(tmp_path,
     temporary = _temporary_checkpoint(os.path.join(checkpointer.base_path, "step-1"))
     checkpointer._do_rm_checkpoint(temporary)
     assert not os.path.exists(temporary)
-    assert upstream.checkpointer_base_path("gs://bucket/ckpts/run") == "gs://bucket/ckpts/run"
+    assert levanter_training.checkpointer_base_path("gs://bucket/ckpts/run") == "gs://bucket/ckpts/run"
+
+
+def test_defect_18_levanter_starts_jax_distributed_with_the_default_heartbeat():
+    from levanter.distributed import DistributedConfig
+
+    assert "heartbeat_timeout" not in inspect.getsource(DistributedConfig.initialize)
+    default = inspect.signature(jax.distributed.initialize).parameters["heartbeat_timeout_seconds"].default
+    assert default >= 100, "jax now notices a dead peer quickly by default: reconsider jax_distributed.start"
+
+
+def test_defect_18_start_passes_our_timeouts_and_hands_levanter_a_started_config(monkeypatch):
+    from levanter.distributed import DistributedConfig
+
+    calls = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda *args, **kwargs: calls.append((args, kwargs)))
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    config = DistributedConfig(coordinator_address="127.0.0.1:1", num_processes=2, process_id=1)
+    started = jax_distributed.start(config, heartbeat_timeout_s=7, initialization_timeout_s=9)
+    (args, kwargs), = calls
+    assert args[:3] == ("127.0.0.1:1", 2, 1)
+    assert kwargs == {"initialization_timeout": 9, "heartbeat_timeout_seconds": 7}
+    assert started.initialize_jax_distributed is False and started.coordinator_address == "127.0.0.1:1"
+    assert jax_distributed.start(DistributedConfig(), heartbeat_timeout_s=7, initialization_timeout_s=9) == DistributedConfig()
+    assert len(calls) == 1
+
+
+def test_defect_19_argparse_prints_its_whole_usage_and_exits_and_the_workaround_raises(capsys):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="train")
+    parser.add_argument("--trainer.num_train_steps")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--trainer.num_trian_steps", "3"])
+    assert "usage: train" in capsys.readouterr().err
+
+    class Refused(Exception):
+        pass
+
+    with cli.argparse_errors_raise(Refused), pytest.raises(Refused, match="did you mean --trainer.num_train_steps"):
+        parser.parse_args(["--trainer.num_trian_steps", "3"])
+    with pytest.raises(SystemExit):  # restored
+        parser.parse_args(["--nope"])

@@ -1,0 +1,66 @@
+"""Levanter's lm-eval harness and lm-eval/datasets themselves (defects 11, 12, 13, 16)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from levanter_mars.compat.patching import patched
+
+
+@contextlib.contextmanager
+def lm_eval_task_manager(include_path: list[str], include_defaults: bool = True) -> Iterator[None]:
+    """Defect 11. Every ``lm_eval.tasks.TaskManager()`` made meanwhile also indexes the task YAMLs under
+    ``include_path``; with ``include_defaults=False`` it skips lm-eval's ~14,000 built-in tasks (5 s to index)."""
+    import lm_eval.tasks
+
+    base = lm_eval.tasks.TaskManager
+
+    class TaskManagerWithLocalTasks(base):
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("include_path", list(include_path) or None)
+            kwargs.setdefault("include_defaults", include_defaults)
+            super().__init__(*args, **kwargs)
+
+    with patched(lm_eval.tasks, TaskManager=TaskManagerWithLocalTasks):
+        yield
+
+
+def run_eval_harness(config, model, tasks, tokenizer, EvalBatch, axis_resources, mp):
+    """Defect 12. Levanter's evaluation of already-loaded ``tasks`` (what its own hook runs), on every process:
+    process 0 drives lm-eval, the others serve its requests. Returns the outputs on process 0, None elsewhere."""
+    import levanter.eval_harness
+
+    with eval_harness_on_mesh():
+        return levanter.eval_harness._actually_run_eval_harness(
+            config, model, tasks, tokenizer, EvalBatch, axis_resources, mp
+        )
+
+
+@contextlib.contextmanager
+def eval_harness_on_mesh() -> Iterator[None]:
+    """Defect 13. Places each packed eval batch on the mesh (batch axis over the data axis) before the jitted
+    log-likelihood, as the workers' copy already is. Single- and multi-process alike."""
+    import haliax as hax
+    from levanter.eval_harness import _LmEvalHarnessWorker, _Message
+
+    def dispatch_loglikelihood(self, packed_request):
+        self._send_message(_Message.LOGLIKELIHOOD)
+        packed_request = hax.shard(self._send_payload(packed_request), self.axis_resources)
+        return self.process_loglikelihood(packed_request)
+
+    with patched(_LmEvalHarnessWorker, dispatch_loglikelihood=dispatch_loglikelihood):
+        yield
+
+
+@contextlib.contextmanager
+def no_datasets_download_counts() -> Iterator[None]:
+    """Defect 16. Keeps ``datasets`` from reporting loads of its packaged builders to Hugging Face.
+
+    Nothing depends on the count; without this, the offline ``pydocs_mc`` task made a network attempt (and waited
+    for its timeout where DNS hangs).
+    """
+    import datasets
+
+    with patched(datasets.config, HF_UPDATE_DOWNLOAD_COUNTS=False):
+        yield

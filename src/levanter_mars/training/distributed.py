@@ -1,0 +1,94 @@
+"""One process decides, every process acts on the same answer.
+
+On a pod every host runs this program. Whatever touches shared files (checkpoint audits, quarantine moves,
+set-asides, caches, metrics) is done by process 0 alone, and what it decided reaches the others before they read
+anything; an error process 0 hits is raised on every process, with the same message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any, Callable, TypeVar
+
+import jax
+import numpy as np
+
+from levanter_mars.compat import jax_distributed
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: A host whose peer stops sending heartbeats ends itself after this long (jax's default is 100 s). Heartbeats come
+#: from a C++ thread, so a long compilation or a slow step does not miss them.
+HEARTBEAT_TIMEOUT_S = 20
+#: How long a host waits for the others to join at start: slow-starting pods need minutes.
+INITIALIZATION_TIMEOUT_S = 600
+#: How long a host waits for process 0's decision (an audit that reads every checkpoint file, a cache build).
+DECISION_TIMEOUT_S = 3600.0
+
+
+def start(trainer_config) -> None:
+    """Starts ``jax.distributed`` when flags or a TPU pod ask for it. Must run before anything touches JAX."""
+    trainer_config.distributed = jax_distributed.start(
+        trainer_config.distributed,
+        heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
+        initialization_timeout_s=INITIALIZATION_TIMEOUT_S,
+    )
+
+
+def is_leader() -> bool:
+    return jax.process_index() == 0
+
+
+def is_multiprocess() -> bool:
+    return jax.process_count() > 1
+
+
+_shared_errors: dict[str, type[Exception]] = {}
+
+
+def shared_error(cls: type[Exception]) -> type[Exception]:
+    """Registers an error class that process 0 may raise in :func:`leader_decides`: the others raise it too."""
+    _shared_errors[cls.__name__] = cls
+    return cls
+
+
+def leader_decides(decide: Callable[[], T]) -> T:
+    """Runs ``decide`` on process 0 and returns its (JSON-able) result on every process, or raises its error."""
+    from levanter.utils.jax_utils import multihost_broadcast_sync
+
+    if not is_multiprocess():
+        return decide()
+    outcome: Any = None
+    if is_leader():
+        try:
+            outcome = {"value": decide()}
+        except Exception as e:  # noqa: BLE001 - every process raises it below
+            outcome = {"error": type(e).__name__, "message": str(e)}
+            leader_error = e
+    outcome = multihost_broadcast_sync(outcome, timeout=DECISION_TIMEOUT_S)
+    if "error" in outcome:
+        if is_leader():
+            raise leader_error
+        raise _shared_errors.get(outcome["error"], RuntimeError)(outcome["message"])
+    return outcome["value"]
+
+
+def all_processes(flag: bool) -> bool:
+    """True on every process if ``flag`` is true on every process. A collective: all must call it."""
+    if not is_multiprocess():
+        return flag
+    from jax.experimental import multihost_utils
+
+    return bool(np.all(multihost_utils.process_allgather(np.array([flag]))))
+
+
+def exit_now(code: int) -> None:
+    """Ends this process without jax.distributed's shutdown barrier, which would wait minutes for peers that may be
+    dead or blocked in a collective; the peers end when this process's heartbeats stop."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)

@@ -1,0 +1,19 @@
+"""Why a run stops: each error is raised on every process alike, and the entry point maps it to an exit code."""
+
+from __future__ import annotations
+
+from levanter_mars.training.checkpoints import CheckpointError
+from levanter_mars.training.distributed import shared_error
+
+
+@shared_error
+class NonFiniteTrainingError(RuntimeError):
+    """Training stopped because of a NaN/Inf; the last checkpoint is finite."""
+
+
+@shared_error
+class DataExhaustedError(RuntimeError):
+    """The training data ran out before ``num_train_steps``."""
+
+
+shared_error(CheckpointError)

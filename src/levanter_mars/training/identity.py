@@ -1,0 +1,63 @@
+"""A run's identity: its id, its directory, and what a checkpoint must agree with to be resumed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import draccus
+from levanter.distributed import DistributedConfig
+from levanter.optim import OptimizerConfig
+
+# Fields that do not change what is trained, and so do not change the derived run id.
+_ID_EXCLUDED = ("fresh", "plot")
+_TRAINER_ID_EXCLUDED = ("id", "tracker", "log_dir", "checkpointer", "load_checkpoint", "load_checkpoint_path", "ray")
+
+
+def optimizer_type_name(optimizer: OptimizerConfig) -> str:
+    for name, cls in OptimizerConfig.get_known_choices().items():
+        if type(optimizer) is cls:
+            return name
+    return type(optimizer).__name__
+
+
+def describe_run(config) -> dict[str, Any]:
+    """What a checkpoint must agree with to be resumed: recorded in each checkpoint manifest."""
+    optimizer = {"type": optimizer_type_name(config.optimizer)}
+    for key in ("exact", "optimize_1d", "efficient", "learning_rate", "learning_rate_1d", "gamma"):
+        if hasattr(config.optimizer, key):
+            optimizer[key] = getattr(config.optimizer, key)
+    return {"optimizer": optimizer, "model": {"type": type(config.model).__name__}}
+
+
+def stable_run_id(config) -> str:
+    """``trainer.id``, else ``$RUN_ID``, else a name derived from the config, so the same command resumes.
+
+    The number of processes and how they find each other are not part of it: a run resumes on another slice."""
+    if config.trainer.id:
+        return config.trainer.id
+    if os.environ.get("RUN_ID"):
+        return os.environ["RUN_ID"]
+    encoded = draccus.encode(config)
+    for key in _ID_EXCLUDED:
+        encoded.pop(key, None)
+    for key in _TRAINER_ID_EXCLUDED:
+        encoded.get("trainer", {}).pop(key, None)
+    if "trainer" in encoded:
+        # Hashed as its default, so that ids derived before multi-host support still resume, and every process
+        # (each with its own process_id) derives the same id.
+        encoded["trainer"]["distributed"] = draccus.encode(DistributedConfig())
+    digest = hashlib.sha256(json.dumps(encoded, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    model = type(config.model).__name__.removesuffix("Config").lower()
+    return f"{model}-{optimizer_type_name(config.optimizer)}-{digest}"
+
+
+def run_dir(config) -> Path:
+    return Path(config.trainer.log_dir) / config.trainer.id
+
+
+def checkpoint_dir(config) -> str:
+    return config.trainer.checkpointer.expanded_path(config.trainer.id)

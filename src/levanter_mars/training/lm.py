@@ -1,0 +1,94 @@
+"""Builds and trains a language model: what Levanter's ``train_lm.main`` does, with :class:`MarsTrainer`.
+
+Called by the entry point once ``jax.distributed`` is up and the config is validated; the entry point decides what is
+resumed (:class:`~levanter_mars.training.resume.ResumePlan`) and which extra hooks (evaluations) run.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Callable, Optional
+
+import jax.numpy as jnp
+import jax.random as jrandom
+import levanter
+import levanter.eval
+from haliax import Axis
+from haliax.partitioning import round_axis_for_partitioning
+from levanter import callbacks
+from levanter.checkpoint import load_checkpoint
+from levanter.compat.hf_checkpoints import save_hf_checkpoint_callback
+from levanter.models.lm_model import compute_next_token_loss
+from levanter.utils.jax_utils import parameter_count
+
+from levanter_mars.compat.levanter_models import hf_converter
+from levanter_mars.training.config import TrainLmConfig
+from levanter_mars.training.resume import ResumePlan
+from levanter_mars.training.trainer import MarsTrainer
+
+logger = logging.getLogger(__name__)
+
+#: ``(trainer, tokenizer) -> None``: adds hooks (an eval suite, say) once the trainer exists.
+HookInstaller = Callable[[MarsTrainer, object], None]
+
+
+def train_lm(config: TrainLmConfig, *, run_info: dict, resume: Optional[ResumePlan], add_hooks: HookInstaller):
+    tokenizer = config.data.the_tokenizer
+    converter = hf_converter(config.model, tokenizer)
+    optimizer = config.optimizer.build(config.trainer.num_train_steps)
+    loss_function = functools.partial(compute_next_token_loss, logsumexp_weight=config.z_loss_weight)
+
+    with MarsTrainer(config.trainer, optimizer, loss_function, run_info=run_info, resume=resume) as trainer:
+        data_key, _loader_key, model_key, training_key = jrandom.split(jrandom.PRNGKey(config.trainer.seed), 4)
+        if config.data_seed is not None:
+            data_key = jrandom.PRNGKey(config.data_seed)
+        Pos = config.model.Pos
+        # Partitioned dimensions must divide the mesh; tokenizers have odd sizes (GPT-2's 50257), so round up.
+        Vocab = round_axis_for_partitioning(Axis("vocab", len(tokenizer)), trainer.parameter_axis_mapping)
+
+        train_dataset = config.data.train_set(Pos, config.trainer.batch_schedule, key=data_key, epochs=config.epoch)
+        state = trainer.initial_state(training_key, model_init=lambda: config.model.build(Vocab, key=model_key))
+        if int(state.step) == 0 and config.initialize_from_checkpoint_path is not None:
+            state = load_checkpoint(state, config.initialize_from_checkpoint_path)
+        levanter.tracker.log_summary({"parameter_count": parameter_count(state.model)})
+
+        _add_eval_loss(trainer, config, tokenizer)
+        flops_per_token = config.model.flops_per_token(len(tokenizer))
+        flops_per_example = 3 * flops_per_token * Pos.size if flops_per_token is not None else None
+        trainer.add_hook(
+            callbacks.log_performance_stats(Pos.size, trainer.config.batch_schedule, flops_per_example), every=1
+        )
+        if config.hf_save_path is not None and config.hf_save_steps is not None:
+            _add_hf_export(trainer, config, converter)
+        add_hooks(trainer, tokenizer)
+
+        # Each host reads its share of the batches, from the step the run resumes at.
+        train_loader = trainer.data_loader(train_dataset).iter_from_step(int(state.step))
+        trainer.train(state, train_loader)
+    trainer.tracker.finish()
+
+
+def _add_eval_loss(trainer: MarsTrainer, config: TrainLmConfig, tokenizer) -> None:
+    tagged_eval_datasets = config.data.tagged_eval_sets(config.model.Pos)
+    if not tagged_eval_datasets:
+        logger.warning("No evaluation datasets provided.")
+        return
+    max_examples = config.trainer.max_eval_batches
+    if max_examples is not None:
+        max_examples *= config.trainer.eval_batch_size
+    evaluate = levanter.eval.cb_tagged_lm_evaluate(
+        config.trainer.EvalBatch, tagged_eval_datasets, tokenizer, trainer.device_mesh,
+        trainer.compute_axis_mapping, max_examples, mp=config.trainer.mp,
+    )
+    trainer.add_hook(evaluate, every=config.trainer.steps_per_eval)
+
+
+def _add_hf_export(trainer: MarsTrainer, config: TrainLmConfig, converter) -> None:
+    path = config.hf_save_path
+    if config.trainer.checkpointer.append_run_id_to_base_path:
+        path = os.path.join(path, trainer.run_id)
+    save_dtype = jnp.dtype(config.hf_save_dtype) if config.hf_save_dtype is not None else None
+    export = save_hf_checkpoint_callback(path, converter, upload_to_hf=config.hf_upload or False, save_dtype=save_dtype)
+    trainer.add_hook(export, every=config.hf_save_steps)

@@ -1,0 +1,91 @@
+"""Which checkpoint a run resumes from, decided once by process 0 for every host.
+
+Process 0 audits the run's checkpoints (manifests, checksums), quarantines the incomplete and corrupt ones and
+checks that the newest usable one was written by a compatible optimizer, all before any other host reads the
+directory. The others wait for its answer, then every host tries the same checkpoint; if any host cannot load it,
+all move on to the previous one together.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from levanter_mars.training import checkpoints as ckpt
+from levanter_mars.training import distributed
+from levanter_mars.training.checkpointer import all_finite
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    checkpoint_dir: str
+    candidates: tuple[dict, ...]
+    """Usable checkpoints, newest first: ``{"path", "step", "state"}``."""
+    quarantined: int
+    """How many checkpoints process 0 set aside while auditing."""
+
+
+def plan_resume(checkpoint_dir: str, run_info: dict, *, verify_checksums: bool) -> ResumePlan:
+    """Process 0 audits and quarantines; every process returns the same plan (or raises the same error)."""
+
+    def decide() -> dict:
+        candidates, quarantined = [], 0
+        for status in ckpt.audit_run(checkpoint_dir, verify_checksums=verify_checksums):
+            if status.usable:
+                candidates.append({"path": status.path, "step": status.step, "state": status.state})
+                continue
+            logger.warning("Skipping %s checkpoint %s: %s", status.state, status.path, status.reason)
+            ckpt.quarantine(status.path, f"{status.state}: {status.reason}")
+            quarantined += 1
+        if candidates:  # before anything is built or compiled
+            ckpt.check_compatible(ckpt.audit_checkpoint(candidates[0]["path"], verify_checksums=False), run_info)
+        return {"candidates": candidates, "quarantined": quarantined}
+
+    decided = distributed.leader_decides(decide)
+    return ResumePlan(checkpoint_dir, tuple(decided["candidates"]), decided["quarantined"])
+
+
+def load_first_usable(plan: ResumePlan, run_info: dict, load: Callable[[str], object]) -> Optional[object]:
+    """The state of the newest candidate that every host loads and that is finite, or None.
+
+    ``load(path)`` loads on this host. A candidate that fails anywhere is quarantined by process 0 once all hosts
+    have stopped reading it; a verified checkpoint that does not load is an error (a changed config), not damage.
+    """
+    quarantined = plan.quarantined
+    for candidate in plan.candidates:
+        path = candidate["path"]
+        state, failure = None, None
+        try:
+            state = load(path)
+        except Exception as e:  # noqa: BLE001 - any failure to load means try the previous checkpoint
+            failure = f"{type(e).__name__}: {e}"
+            logger.warning("Checkpoint %s does not load here (%s)", path, failure)
+        if not distributed.all_processes(failure is None):
+            if candidate["state"] == "verified":
+                raise ckpt.CheckpointError(
+                    f"checkpoint {path} is intact (its manifest verifies) but does not load into this run's state "
+                    f"({failure or 'failed on another host'}). Was the model or optimizer config changed?"
+                )
+            _quarantine_on_leader(path, f"failed to load: {failure or 'on another host'}")
+            quarantined += 1
+            continue
+        if not bool(all_finite(state.saveable_state)):  # a global reduction: the same answer on every host
+            logger.warning("Checkpoint %s holds NaN/Inf; trying the previous one", path)
+            _quarantine_on_leader(path, "state contains NaN/Inf")
+            quarantined += 1
+            continue
+        logger.info("Resuming from %s (step %s, %s)", path, int(state.step), candidate["state"])
+        return state
+    if quarantined:  # every checkpoint was bad: say so, not only "No checkpoint found"
+        logger.error(
+            "No usable checkpoint left in %s (%d quarantined in %s.quarantine): starting from scratch",
+            plan.checkpoint_dir, quarantined, plan.checkpoint_dir.rstrip("/"),
+        )
+    return None
+
+
+def _quarantine_on_leader(path: str, reason: str) -> None:
+    distributed.leader_decides(lambda: ckpt.quarantine(path, reason))

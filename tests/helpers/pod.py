@@ -1,0 +1,85 @@
+"""A local pod: N training processes on 127.0.0.1, each with its own simulated devices, joined by jax.distributed.
+
+Every process gets Levanter's own flags (``--trainer.distributed.*``), as a TPU host would; they share the
+checkpoint directory, as a pod's hosts share a bucket.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from tests.helpers.training import REPO, _env, cli_command
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pod_flags(num_processes: int, process_id: int, port: int) -> list[str]:
+    return [
+        "--trainer.distributed.coordinator_address", f"127.0.0.1:{port}",
+        "--trainer.distributed.num_processes", str(num_processes),
+        "--trainer.distributed.process_id", str(process_id),
+    ]
+
+
+@dataclass
+class PodRun:
+    procs: list[subprocess.Popen]
+    logs: list[Path]
+
+    def wait(self, timeout: float = 900) -> list[int]:
+        deadline = time.time() + timeout
+        codes = []
+        for proc in self.procs:
+            try:
+                codes.append(proc.wait(timeout=max(1.0, deadline - time.time())))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise
+        return codes
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    def output(self, i: int) -> str:
+        return self.logs[i].read_text(errors="replace")
+
+    def describe(self) -> str:
+        parts = []
+        for i, proc in enumerate(self.procs):
+            parts.append(f"--- process {i}: exit {proc.poll()} ---\n{self.output(i)[-5000:]}")
+        return "\n".join(parts)
+
+
+def start_pod(
+    config_path: Path, *extra: str, num_processes: int = 2, devices: int = 2, log_dir: Path, prelude: str = "",
+    name: Optional[str] = None,
+) -> PodRun:
+    port = free_port()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = _env({"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"})
+    procs, logs = [], []
+    for i in range(num_processes):
+        log = log_dir / f"{name or config_path.stem}.process-{i}.{port}.log"
+        with open(log, "w") as out:
+            command = cli_command(config_path, *extra, *pod_flags(num_processes, i, port), prelude=prelude)
+            procs.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT))
+        logs.append(log)
+    return PodRun(procs, logs)
+
+
+def run_pod(config_path: Path, *extra: str, timeout: float = 900, **kwargs) -> PodRun:
+    pod = start_pod(config_path, *extra, **kwargs)
+    pod.wait(timeout)
+    return pod

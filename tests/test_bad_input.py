@@ -58,6 +58,7 @@ def _assert_nothing_started(tmp_path):
         ({"trainer": {"model_axis_size": 3}}, "trainer.model_axis_size"),
         ({"model": {"num_heads": 3}}, "model.hidden_dim"),
         ({"data": {"tokenizer": "/nonexistent/tokenizer"}}, "data.tokenizer"),
+        ({"log_entropy": True}, "log_entropy is not supported"),
         ({"data": {"cache_dir": "/nonexistent/cache", "train_urls": ["/nonexistent/train.jsonl"]}},
          "data.train_urls[0]"),
     ],

@@ -13,8 +13,8 @@ Levanter 1.2.dev1644:
    (:func:`levanter_training.microbatched_gradients` reaches the private microbatching), and MARS calls
    ``obj_fn(params)`` only.
 3. ``Gpt2Config.hf_checkpoint_converter`` hard-codes ``reference_checkpoint="gpt2"`` and so contacts the HF hub:
-   :func:`levanter_models.offline_gpt2_converter` (training passes it directly; the standalone eval patches it in
-   with :func:`levanter_models.gpt2_without_hub` while it loads an HF checkpoint).
+   :func:`levanter_models.hf_converter` builds GPT-2's converter offline (training and the standalone eval both use it;
+   no patch since the entry point builds the converter itself).
 4. *Retired:* ``train_lm.main`` hard-codes ``Trainer``. Our own entry point builds ``MarsTrainer`` itself.
 5. Training ends quietly when the data runs out before ``num_train_steps``: ``MarsTrainer.train`` raises instead.
 6. Not declared by Levanter: ``chex`` and ``GitPython``: pinned in ``pyproject.toml``.

@@ -13,12 +13,12 @@ from typing import Optional, Sequence
 from levanter_mars.eval.standalone import EvalHarnessMainConfig, evaluate
 from levanter_mars.eval.suite import EvalDatasetError, TaskSpecError
 from levanter_mars.training.checkpoints import CheckpointError
-from levanter_mars.training.config import ConfigError, _config_path_argument, parse_config
+from levanter_mars.training.config import ConfigError, config_path_argument, parse_config
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    suite_path = _config_path_argument(argv)
+    suite_path = config_path_argument(argv)
     suite = os.path.splitext(os.path.basename(suite_path))[0] if suite_path else "suite"
     try:
         result = evaluate(parse_config(argv, EvalHarnessMainConfig), suite=suite)

@@ -52,7 +52,7 @@ def _root_cause(error: BaseException) -> BaseException:
     return error
 
 
-def _config_path_argument(argv: Sequence[str]) -> Optional[str]:
+def config_path_argument(argv: Sequence[str]) -> Optional[str]:
     for flag in ("--config_path", "--config"):
         if flag in argv:
             index = list(argv).index(flag)
@@ -63,7 +63,7 @@ def _config_path_argument(argv: Sequence[str]) -> Optional[str]:
 def parse_config(argv: Sequence[str], config_class: type = TrainLmConfig):
     """Parses ``argv`` like Levanter's entry points do, turning failures into :class:`ConfigError`."""
     argv = list(argv)
-    path = _config_path_argument(argv)
+    path = config_path_argument(argv)
     if path is not None and "://" not in path and not os.path.exists(path):
         raise ConfigError(f"--config_path: no such file {path!r}")
 

@@ -222,7 +222,7 @@ def check_checkpoint_path(config: TrainLmConfig) -> None:
 
 #: Fields of Levanter's TrainLmConfig that this entry point does not implement.
 UNSUPPORTED = {
-    "initialize_from_hf": "start from an HF checkpoint with trainer.initialize_from or initialize_from_checkpoint_path",
+    "initialize_from_hf": "start from a Levanter checkpoint with initialize_from_checkpoint_path instead",
     "use_hf_model_config": "set the model fields in the YAML",
     "log_entropy": "not implemented by levanter_mars",
 }

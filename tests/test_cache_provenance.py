@@ -67,7 +67,7 @@ def _refused(capsys, workdir, corpus, data) -> str:
     code, out = run_cli_in_process(capsys, tiny_config(workdir, corpus, "refused", {"data": data}))
     assert code == 2, out[-3000:]
     for part in (_REFUSAL, f"data.cache_dir={workdir / 'tokenized'}", "set data.cache_dir to a new directory",
-                 "--data.rebuild_cache true", "moved aside (kept, never deleted)"):
+                 "--data.rebuild_cache true", "moved aside (kept, never deleted), a new one is built"):
         assert part in out, out[-3000:]
     assert not run_paths(workdir, "refused")["metrics"].exists()
     assert {split: _record(workdir, split) for split in _LINES} == before, "a refusal changes nothing"
@@ -125,8 +125,10 @@ def test_a_touched_file_matches_and_a_same_size_rewrite_does_not(pretokenized, p
     text = train.read_text()
     train.write_text(text.replace("a", "b", 1))  # same size, other content
     assert train.stat().st_size == len(text.encode())
-    (found,) = cache_check.check_caches(parsed.data).mismatched[str(workdir / "tokenized" / "train")]
+    check = cache_check.check_caches(parsed.data)
+    (found,) = check.mismatched[str(workdir / "tokenized" / "train")]
     assert found.field == f"data.train_urls file {train}: content"
+    assert cache_check.CacheCheck.from_json(check.to_json()) == check  # what process 0 broadcasts to the others
 
 
 def test_missing_file_alone_is_a_warning(pretokenized, pydocs_corpus, caplog):

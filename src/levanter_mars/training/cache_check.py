@@ -27,7 +27,14 @@ from levanter.data.text import LMMixtureDatasetConfig
 
 from levanter_mars.training.config import ConfigError
 from levanter_mars.training.data import SPLITS, component_cache_dir, data_sources
-from levanter_mars.training.provenance import RECORD_FILE, Difference, differences, read_record, record_for, write_record
+from levanter_mars.training.provenance import (
+    RECORD_FILE,
+    Difference,
+    differences,
+    read_record,
+    record_for,
+    write_record,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +92,8 @@ def _cache_contents(split_dir: str) -> list[str] | None:
     fs, path = fsspec.core.url_to_fs(split_dir)
     if not fs.isdir(path):
         return None
-    return [entry for entry in fs.ls(path, detail=False) if os.path.basename(entry.rstrip("/")) != RECORD_FILE]
+    names = [os.path.basename(entry.rstrip("/")) for entry in fs.ls(path, detail=False)]
+    return [name for name in names if not name.startswith(RECORD_FILE)]
 
 
 def check_caches(data) -> CacheCheck:
@@ -113,14 +121,15 @@ def check_caches(data) -> CacheCheck:
 
 
 def refusal_message(check: CacheCheck) -> str:
-    lines = [f"data.cache_dir={check.cache_dir}: token caches there were built from other data than this config names."]
+    intro = "token caches there were built from other data than this config names."
+    lines = [f"data.cache_dir={check.cache_dir}: {intro}"]
     for split_dir, found in check.mismatched.items():
         lines.append(f"  {split_dir} (recorded -> now):")
         lines.extend(f"    {d.describe()}" for d in found)
     lines += [
         "Training on them would train on the old tokens. Either",
         "  - set data.cache_dir to a new directory, or",
-        "  - pass --data.rebuild_cache true: the old cache is moved aside (kept, never deleted) and a new one is built.",
+        "  - pass --data.rebuild_cache true: the old cache is moved aside (kept, never deleted), a new one is built.",
     ]
     return "\n".join(lines)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -21,6 +22,8 @@ import fsspec
 from levanter.data.text import LmDatasetFormatBase, preprocessor_for_format
 
 from levanter_mars.training.data import expand_local, is_local
+
+logger = logging.getLogger(__name__)
 
 RECORD_FILE = "provenance.json"
 RECORD_VERSION = 1
@@ -164,7 +167,8 @@ def differences(field: str, split: str, old: dict, new: dict) -> list[Difference
     old_pre, new_pre = old.get("preprocessing", {}), new.get("preprocessing", {})
     for key in sorted(old_pre.keys() | new_pre.keys()):
         if old_pre.get(key) != new_pre.get(key):
-            where = {"format": f"{field}.format", "enforce_eos": "data.enforce_eos"}.get(key, f"data.tokenizer ({key})")
+            named = {"format": f"{field}.format", "enforce_eos": "data.enforce_eos"}
+            where = named.get(key, f"data.tokenizer ({key})")  # the rest (BOS/EOS appended) follows the tokenizer
             found.append(Difference(where, old_pre.get(key), new_pre.get(key)))
     if found and "urls" in old_source and old_source.get("urls") != new_source.get("urls"):
         return found  # other files entirely: listing each one adds nothing
@@ -177,17 +181,24 @@ def _describe_tokenizer(record: dict) -> str:
 
 
 def read_record(split_dir: str) -> Optional[dict]:
+    """The cache's record; None if it has none, or one that is not a record (then it cannot be checked either)."""
     path = os.path.join(split_dir, RECORD_FILE)
     fs, fs_path = fsspec.core.url_to_fs(path)
     if not fs.exists(fs_path):
         return None
-    with fs.open(fs_path, "r") as f:
-        return json.load(f)
+    try:
+        with fs.open(fs_path, "r") as f:
+            record = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        logger.warning("%s is not a provenance record (%s): treating the cache as unrecorded", path, e)
+        return None
+    return record if isinstance(record, dict) and "source" in record else None
 
 
 def write_record(split_dir: str, record: dict) -> None:
     path = os.path.join(split_dir, RECORD_FILE)
     fs, fs_path = fsspec.core.url_to_fs(path)
     fs.makedirs(os.path.dirname(fs_path), exist_ok=True)
-    with fs.open(fs_path, "w") as f:
+    with fs.open(fs_path + ".tmp", "w") as f:  # renamed into place: a kill never leaves half a record
         json.dump(record, f, indent=2, sort_keys=True)
+    fs.mv(fs_path + ".tmp", fs_path)

@@ -155,6 +155,7 @@ def rebuilt(tmp_path_factory, pydocs_corpus):
     return workdir, data, proc
 
 
+@pytest.mark.slow
 def test_rebuild_cache_builds_a_new_cache_and_keeps_the_old_aside(rebuilt):
     workdir, data, proc = rebuilt
     (old,) = (workdir / "tokenized").glob("train.old-*")
@@ -167,6 +168,7 @@ def test_rebuild_cache_builds_a_new_cache_and_keeps_the_old_aside(rebuilt):
     assert run_paths(workdir, "rebuilt")["metrics"].exists()
 
 
+@pytest.mark.slow
 def test_identical_rerun_gives_no_message_and_the_same_losses(rebuilt, pydocs_corpus):
     """The same command again (another run id, so it trains rather than resumes); rebuild_cache is still true, as
     in a restarted job, and must not rebuild again."""
@@ -180,6 +182,7 @@ def test_identical_rerun_gives_no_message_and_the_same_losses(rebuilt, pydocs_co
     assert len(expected) == 30 and losses(run_paths(workdir, "rerun")["metrics"]) == expected
 
 
+@pytest.mark.slow
 def test_record_less_cache_is_used_with_a_warning(pretokenized, pydocs_corpus):
     workdir, data = pretokenized
     for split in _LINES:  # as a cache built before records existed, or by plain Levanter, would be

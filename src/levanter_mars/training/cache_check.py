@@ -1,12 +1,9 @@
 """Every token cache is held to its provenance record before anything is built or compiled.
 
-One host: :func:`check_and_prepare`. Several hosts (process 0 decides, every host gets the same answer):
-
-    check = cache_check.check_caches(config.data)                    # process 0 only; reads the file system
-    check = CacheCheck.from_json(broadcast(check.to_json()))         # every host
-    cache_check.enforce(check, rebuild=...)                          # every host: same warnings, same ConfigError
-    cache_check.prepare(check, config.data, rebuild=...)             # process 0 only: moves aside, writes records
-    barrier()                                                        # before any host builds or loads a cache
+The entry point calls :func:`check_and_prepare` on process 0 through ``distributed.leader_decides`` (a mismatch
+raises ConfigError on every host), after validation and before any cache is built. The pieces, for other callers:
+:func:`check_caches` (reads only), :func:`enforce` (warnings; the refusal), :func:`prepare` (moves aside, records);
+:class:`CacheCheck` round-trips through JSON.
 
 A record is written when a run decides to build a cache, before tokenizing: an interrupted build that Levanter
 resumes later is then held to the sources it was started from.

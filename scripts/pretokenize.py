@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import sys
 
+from levanter_mars.training import cache_check
 from levanter_mars.training import data as data_lib
 from levanter_mars.training import pydocs_corpus
 from levanter_mars.eval.train_config import parse_train_config
@@ -32,6 +33,11 @@ def main(argv: list[str]) -> int:
     problems = data_lib.missing_data_paths(config.data)
     if problems:
         print("config error: " + "; ".join(problems), file=sys.stderr)
+        return 2
+    try:
+        cache_check.check_and_prepare(config.data)  # refuses caches built from other sources; records new ones
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
         return 2
     built = data_lib.build_local_caches(config.data)
     for split in data_lib.SPLITS:

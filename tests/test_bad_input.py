@@ -9,21 +9,11 @@ import optax
 import pytest
 from levanter.optim import OptimizerConfig
 
-from levanter_mars.main.train_lm import cli
 from levanter_mars.optim.levanter_config import MarsAdamWConfig
 from levanter_mars.training.config import ConfigError
 from levanter_mars.training.trainer import MarsTrainerConfig
 from levanter_mars.training.validation import check_mesh, check_optimizer
-from tests.helpers.training import REPO, run_paths, tiny_config
-
-
-def _run(capsys, config, *extra):
-    try:
-        code = cli(["--config_path", str(config), *extra])
-    except SystemExit as e:  # argparse rejects unknown flags itself
-        code = e.code
-    captured = capsys.readouterr()
-    return code, captured.out + captured.err
+from tests.helpers.training import REPO, run_cli_in_process, run_paths, tiny_config
 
 
 @pytest.fixture
@@ -65,21 +55,21 @@ def _assert_nothing_started(tmp_path):
 )
 def test_bad_config_fails_fast_naming_the_field(tmp_path, pydocs_corpus, capsys, yaml_extra, expected):
     config = tiny_config(tmp_path, pydocs_corpus, "bad", yaml_extra)
-    code, output = _run(capsys, config)
+    code, output = run_cli_in_process(capsys, config)
     assert code == 2, output[-2000:]
     assert expected in output, output[-2000:]
     _assert_nothing_started(tmp_path)
 
 
 def test_misspelled_command_line_flag(config, capsys):
-    code, output = _run(capsys, config, "--optimizer.gama", "0.1")
+    code, output = run_cli_in_process(capsys, config, "--optimizer.gama", "0.1")
     assert code == 2 and "--optimizer.gama" in output
     assert "did you mean --optimizer.gamma?" in output
     assert "usage:" not in output  # the one line that matters, not argparse's ~240 lines of fields
 
 
 def test_missing_config_file(tmp_path, capsys):
-    code, output = _run(capsys, tmp_path / "nope.yaml")
+    code, output = run_cli_in_process(capsys, tmp_path / "nope.yaml")
     assert code == 2 and "nope.yaml" in output
 
 

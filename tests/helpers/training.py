@@ -116,6 +116,19 @@ def losses(metrics_path: Path, key: str = "train/loss") -> dict[int, Any]:
     return {r["step"]: r[key] for r in read_metrics(metrics_path) if key in r}
 
 
+def run_cli_in_process(capsys, config_path: Path, *extra: str) -> tuple[int, str]:
+    """Runs the training CLI in the test process (no interpreter start-up): for runs that stop before training.
+    Returns the exit code and everything printed."""
+    from levanter_mars.main.train_lm import cli
+
+    try:
+        code = cli(["--config_path", str(config_path), *extra])
+    except SystemExit as e:  # argparse rejects unknown flags itself
+        code = e.code
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
 def describe_failure(proc: subprocess.CompletedProcess) -> str:
     return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-6000:]}"
 

@@ -97,6 +97,7 @@ def run_config(
 def prepare_corpus(base: Mapping[str, Any], workdir: Path, overrides: Optional[Mapping[str, Any]] = None) -> None:
     """Builds the embedded corpus and its token caches for the runs of ``workdir``, once, so that parallel runs
     only read them."""
+    from levanter_mars.training import cache_check
     from levanter_mars.training import data as data_lib
     from levanter_mars.eval.train_config import parse_train_config
 
@@ -106,6 +107,7 @@ def prepare_corpus(base: Mapping[str, Any], workdir: Path, overrides: Optional[M
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     parsed = parse_train_config(["--config_path", str(path)])
     pydocs_corpus.prepare(parsed.embedded_corpus)
+    cache_check.check_and_prepare(parsed.data)  # the runs then find caches with a provenance record
     data_lib.build_local_caches(parsed.data)
 
 

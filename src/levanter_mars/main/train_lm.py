@@ -16,7 +16,7 @@ import levanter
 from levanter_mars.compat.tracking import wandb_offline_unless_configured
 from levanter_mars.eval import in_training
 from levanter_mars.eval.train_config import TrainAndEvalConfig, parse_train_config
-from levanter_mars.training import data, distributed, fresh, pydocs_corpus, validation
+from levanter_mars.training import cache_check, data, distributed, fresh, pydocs_corpus, validation
 from levanter_mars.training.checkpoints import CheckpointError
 from levanter_mars.training.config import ConfigError
 from levanter_mars.training.errors import DataExhaustedError, NonFiniteTrainingError
@@ -43,6 +43,9 @@ def main(config: TrainAndEvalConfig) -> Optional[RunSummary]:
     validation.validate(config)
     wandb_offline_unless_configured(config.trainer)
 
+    # Process 0 holds every token cache to its provenance record (a mismatch raises ConfigError on every host), moves
+    # caches aside for data.rebuild_cache and records the caches about to be built.
+    distributed.leader_decides(lambda: cache_check.check_and_prepare(config.data).to_json())
     distributed.leader_decides(lambda: data.build_local_caches(config.data))
     if config.fresh:
         distributed.leader_decides(lambda: fresh.set_aside_run(config))

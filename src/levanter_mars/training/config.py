@@ -21,6 +21,7 @@ from levanter.optim import OptimizerConfig
 import levanter_mars.optim.levanter_config  # noqa: F401  (registers mars-adamw, mars-lion, mars-shampoo)
 from levanter_mars.compat.cli import argparse_errors_raise
 from levanter_mars.optim.levanter_config import MarsAdamWConfig
+from levanter_mars.training.data_config import DataConfig, UrlDataConfig
 from levanter_mars.training.distributed import shared_error
 from levanter_mars.training.trainer import MarsTrainerConfig
 
@@ -32,6 +33,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class TrainLmConfig(UpstreamTrainLmConfig):
+    data: DataConfig = field(default_factory=UrlDataConfig)  # type: ignore[assignment]  (adds data.rebuild_cache)
     trainer: MarsTrainerConfig = field(default_factory=MarsTrainerConfig)
     model: LmConfig = field(default_factory=Gpt2Config)
     optimizer: OptimizerConfig = field(default_factory=MarsAdamWConfig)

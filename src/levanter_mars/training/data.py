@@ -45,7 +45,8 @@ def expand_local(url: str) -> list[str]:
     return paths
 
 
-def _url_sources(data) -> Iterator[tuple[str, UrlSingleDatasetLMConfig | object]]:
+def data_sources(data) -> Iterator[tuple[str, UrlSingleDatasetLMConfig | object]]:
+    """(config field, source config) of each data source: ``data`` itself, or ``data.configs.<name>``."""
     if isinstance(data, LMMixtureDatasetConfig):
         for name, component in data.configs.items():
             yield f"data.configs.{name}", component
@@ -53,7 +54,8 @@ def _url_sources(data) -> Iterator[tuple[str, UrlSingleDatasetLMConfig | object]
         yield "data", data
 
 
-def _cache_dir(data, component, name: str) -> str | None:
+def component_cache_dir(data, component, name: str) -> str | None:
+    """Where Levanter puts the caches of one source: its own cache_dir, else ``data.cache_dir[/<name>]``."""
     if getattr(component, "cache_dir", None):
         return component.cache_dir
     if isinstance(data, LMMixtureDatasetConfig) and data.cache_dir:
@@ -75,11 +77,11 @@ def cache_exists(cache_dir: str | None, split: str) -> bool:
 def missing_data_paths(data) -> list[str]:
     """Messages for local data files that do not exist and have no token cache to fall back on."""
     problems = []
-    for name, component in _url_sources(data):
+    for name, component in data_sources(data):
         for split in SPLITS:
             urls: Iterable[str] = getattr(component, f"{split}_urls", None) or ()
             missing = [(i, url) for i, url in enumerate(urls) if is_local(url) and not expand_local(url)]
-            cache_dir = _cache_dir(data, component, name)
+            cache_dir = component_cache_dir(data, component, name)
             if missing and cache_exists(cache_dir, split):
                 # Legitimate (the raw files may be deleted once tokenized), but the cache, not the URLs, is used.
                 logger.warning(
@@ -94,10 +96,10 @@ def missing_data_paths(data) -> list[str]:
 def build_local_caches(data) -> list[str]:
     """Builds missing token caches of local URL sources, serially. Returns the cache directories it built."""
     built = []
-    for name, component in _url_sources(data):
+    for name, component in data_sources(data):
         if not isinstance(component, UrlSingleDatasetLMConfig) and not hasattr(component, "train_urls"):
             continue
-        cache_dir = _cache_dir(data, component, name)
+        cache_dir = component_cache_dir(data, component, name)
         if not cache_dir or not is_local(cache_dir):
             continue
         tokenizer = data.the_tokenizer if isinstance(data, LMMixtureDatasetConfig) else component.the_tokenizer

@@ -15,6 +15,7 @@ from levanter.optim import OptimizerConfig
 # Fields that do not change what is trained, and so do not change the derived run id.
 _ID_EXCLUDED = ("fresh", "plot")
 _TRAINER_ID_EXCLUDED = ("id", "tracker", "log_dir", "checkpointer", "load_checkpoint", "load_checkpoint_path", "ray")
+_DATA_ID_EXCLUDED = ("rebuild_cache",)  # the same data either way: rebuilding a cache must not start a new run
 
 
 def optimizer_type_name(optimizer: OptimizerConfig) -> str:
@@ -46,6 +47,8 @@ def stable_run_id(config) -> str:
         encoded.pop(key, None)
     for key in _TRAINER_ID_EXCLUDED:
         encoded.get("trainer", {}).pop(key, None)
+    for key in _DATA_ID_EXCLUDED:
+        encoded.get("data", {}).pop(key, None)
     if "trainer" in encoded:
         # Hashed as its default, so that ids derived before multi-host support still resume, and every process
         # (each with its own process_id) derives the same id.

@@ -1,0 +1,38 @@
+"""Levanter's data configs with one field more, ``rebuild_cache``, so that ``--data.rebuild_cache true`` parses.
+
+``data`` stays a plain union of the three Levanter shapes (a list of URLs, an HF dataset, a mixture): draccus tries
+them in this order, exactly as it does for Levanter's own ``TrainLmConfig``. Everything that checks
+``isinstance(data, LMMixtureDatasetConfig)`` (ours and Levanter's) still sees the Levanter class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from levanter.data.text import HfSingleDatasetLMConfig, LMMixtureDatasetConfig, UrlSingleDatasetLMConfig
+
+
+@dataclass(frozen=True)
+class RebuildCacheField:
+    rebuild_cache: bool = False
+    """Move token caches whose provenance record differs from this config (or that have none) aside, never deleting
+    them, and build new ones. Caches that match their record are kept, so a restarted job does not rebuild again."""
+
+
+@dataclass(frozen=True)
+class UrlDataConfig(UrlSingleDatasetLMConfig, RebuildCacheField):
+    pass
+
+
+@dataclass(frozen=True)
+class HfDataConfig(HfSingleDatasetLMConfig, RebuildCacheField):
+    pass
+
+
+@dataclass(frozen=True)
+class MixtureDataConfig(LMMixtureDatasetConfig, RebuildCacheField):
+    pass
+
+
+DataConfig = Union[UrlDataConfig, HfDataConfig, MixtureDataConfig]

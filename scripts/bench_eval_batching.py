@@ -60,7 +60,8 @@ def levanter_packed(worker, requests):
 def ours(worker, requests, per_row):
     LevanterHarnessLM(worker)._loglikelihood_tokens(requests)
     windows = [lm_eval_scoring.lm_eval_window(c, x, worker.EvalPos.size) for _, c, x in requests]
-    return len(lm_eval_scoring.pack_windows(windows, worker.EvalPos.size, per_row)[0])
+    (tokens, _, _), _ = lm_eval_scoring.pack_windows(windows, worker.EvalPos.size, per_row)
+    return len(tokens)
 
 
 def timed(make_worker, run, requests):

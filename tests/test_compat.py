@@ -423,7 +423,8 @@ def test_defect_20_workaround_scores_each_request_alone_and_truncates_as_lm_eval
     model = _tiny_gpt2()
     Batch, Pos = hax.Axis("batch", 2), model.Pos
     long_context = list(range(1, 25))  # 24 + 3 tokens > seq_len 16: lm-eval keeps the last 17, scores 3
-    requests = [(("", ""), [5, 6, 7], [8, 9]), (("", ""), [10, 11], [12, 13, 14, 15]), (("", ""), long_context, [30, 31, 29])]
+    requests = [(("", ""), [5, 6, 7], [8, 9]), (("", ""), [10, 11], [12, 13, 14, 15])]
+    requests += [(("", ""), long_context, [30, 31, 29])]
     requests += [(("", ""), [3] * (i + 1), [4, 5]) for i in range(5)]  # more rows than one batch
     with _one_device_mesh(), lm_eval_scoring.score_as_lm_eval():
         worker = _LmEvalHarnessWorker(Batch, Pos, model, {}, None, None, max_packed_segments=64)

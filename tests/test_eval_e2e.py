@@ -124,7 +124,8 @@ def _assert_equals_reference(ours_json, hf_dir, task, monkeypatch):
     """Each choice's log-likelihood within 1e-3 nats of lm-eval on the numpy reference forward; equal accuracies."""
     monkeypatch.chdir(REPO)  # the task's data path is relative to the repository root
     reference = reference_results(hf_dir, task, LOCAL_TASKS)
-    expected = [[float(c[0]) for c in s["filtered_resps"]] for s in sorted(reference["samples"][task], key=lambda s: s["doc_id"])]
+    samples = sorted(reference["samples"][task], key=lambda s: s["doc_id"])
+    expected = [[float(choice[0]) for choice in sample["filtered_resps"]] for sample in samples]
     ours = item_loglikelihoods(ours_json, task)
     assert len(ours) == len(expected) and all(len(a) == len(b) for a, b in zip(ours, expected))
     worst = max(abs(a - b) for x, y in zip(ours, expected) for a, b in zip(x, y))
@@ -139,7 +140,9 @@ def test_in_training_loglikelihoods_equal_an_independent_reference_on_the_hf_exp
     _assert_equals_reference(_in_training(paths, 10), workdir / "hf" / "evals" / "step-10", "pydocs_mc", monkeypatch)
 
 
-def test_standalone_on_requests_longer_than_the_context_equals_an_independent_reference(approx_run, workdir, monkeypatch):
+def test_standalone_on_requests_longer_than_the_context_equals_an_independent_reference(
+    approx_run, workdir, monkeypatch
+):
     """pydocs_long: requests from a few tokens to twice seq_len, contexts ending in a space (Levanter's own harness
     fails on those: its split leaves no continuation token)."""
     config, paths = approx_run

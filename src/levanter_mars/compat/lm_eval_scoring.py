@@ -73,7 +73,8 @@ def pack_windows(windows: list[tuple[np.ndarray, np.ndarray]], row_length: int, 
         for segment, index in enumerate(pack):
             window_tokens, window_targets = windows[index]
             end = start + len(window_tokens)
-            tokens[row, start:end], targets[row, start:end], segments[row, start:end] = window_tokens, window_targets, segment
+            tokens[row, start:end], targets[row, start:end] = window_tokens, window_targets
+            segments[row, start:end] = segment
             where[index] = (row, start, end)
             start = end
     return (tokens, targets, segments), where

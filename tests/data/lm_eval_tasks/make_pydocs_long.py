@@ -3,7 +3,8 @@
 For the reference check of the eval harness (tests/test_eval_e2e.py): the requests vary in length, from shorter to
 twice as long as the tiny model's 64-token context, so they exercise packing and lm-eval's left truncation. The
 task's context ends in a space (``target_delimiter`` is empty), which lm-eval moves into the continuation.
-Deterministic; the JSONL is committed and the tests only read it. Run: `python tests/data/lm_eval_tasks/make_pydocs_long.py`.
+Deterministic; the JSONL is committed and the tests only read it.
+Run: `python tests/data/lm_eval_tasks/make_pydocs_long.py`.
 """
 
 import importlib.util

@@ -38,6 +38,10 @@ Levanter 1.2.dev1644:
     :func:`levanter_training.checkpointer_base_path`.
 18. ``DistributedConfig.initialize`` gives ``jax.distributed`` a 100 s heartbeat and no way to change it, so a host
     outlives a dead peer by minutes: :func:`jax_distributed.start` starts it with short, stated timeouts.
+20. The eval harness packs requests into one sequence but does not restart their positions (every request after the
+    first in a pack is scored at shifted positions by a model with absolute position embeddings), splits context and
+    continuation otherwise than lm-eval, and truncates a long request to one token less than lm-eval's ``hf``
+    backend: :func:`lm_eval_scoring.score_as_lm_eval` (entered by :func:`lm_eval_harness.run_eval_harness`).
 
 Other pinned dependencies:
 

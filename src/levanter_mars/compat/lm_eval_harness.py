@@ -1,10 +1,11 @@
-"""Levanter's lm-eval harness and lm-eval/datasets themselves (defects 11, 12, 13, 16)."""
+"""Levanter's lm-eval harness and lm-eval/datasets themselves (defects 11, 12, 13, 16; 20 in lm_eval_scoring)."""
 
 from __future__ import annotations
 
 import contextlib
 from typing import Iterator
 
+from levanter_mars.compat.lm_eval_scoring import score_as_lm_eval
 from levanter_mars.compat.patching import patched
 
 
@@ -28,10 +29,11 @@ def lm_eval_task_manager(include_path: list[str], include_defaults: bool = True)
 
 def run_eval_harness(config, model, tasks, tokenizer, EvalBatch, axis_resources, mp):
     """Defect 12. Levanter's evaluation of already-loaded ``tasks`` (what its own hook runs), on every process:
-    process 0 drives lm-eval, the others serve its requests. Returns the outputs on process 0, None elsewhere."""
+    process 0 drives lm-eval, the others serve its requests. Each request is scored as lm-eval scores it (defect 20).
+    Returns the outputs on process 0, None elsewhere."""
     import levanter.eval_harness
 
-    with eval_harness_on_mesh():
+    with eval_harness_on_mesh(), score_as_lm_eval():
         return levanter.eval_harness._actually_run_eval_harness(
             config, model, tasks, tokenizer, EvalBatch, axis_resources, mp
         )

@@ -31,13 +31,12 @@ from haliax.partitioning import round_axis_for_partitioning
 from levanter.checkpoint import load_checkpoint
 from levanter.compat.hf_checkpoints import load_tokenizer
 from levanter.distributed import RayConfig
-from levanter.eval_harness import run_lm_eval_harness
 from levanter.models.gpt2 import Gpt2Config
 from levanter.tracker import NoopConfig
 from levanter.utils.tree_utils import inference_mode
 
 from levanter_mars.compat.levanter_models import hf_converter
-from levanter_mars.compat.lm_eval_harness import eval_harness_on_mesh
+from levanter_mars.compat.lm_eval_harness import run_eval_harness
 from levanter_mars.eval import report
 from levanter_mars.eval.suite import EvalSuiteConfig
 from levanter_mars.eval.train_config import TrainAndEvalConfig as TrainLmConfig
@@ -252,10 +251,11 @@ def evaluate(config: EvalHarnessMainConfig, *, suite: str = "suite") -> Optional
     trainer = _trainer_config(config, train)
     trainer.initialize()
     logger.info("Evaluating %s on %d device(s)", source.path, jax.device_count())
-    with trainer.use_device_mesh(), hax.axis_mapping(trainer.parameter_axis_mapping), eval_harness_on_mesh():
+    tasks = config.to_task_dict()
+    with trainer.use_device_mesh(), hax.axis_mapping(trainer.parameter_axis_mapping):
         model = inference_mode(_load_model(source, model_config, tokenizer, trainer), True)
-        outputs = run_lm_eval_harness(
-            config, model, tokenizer, trainer.EvalBatch, axis_resources=trainer.compute_axis_mapping, mp=trainer.mp
+        outputs = run_eval_harness(
+            config, model, tasks, tokenizer, trainer.EvalBatch, trainer.compute_axis_mapping, trainer.mp
         )
     if jax.process_index() != 0:
         return None

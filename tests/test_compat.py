@@ -437,3 +437,27 @@ def test_defect_20_workaround_scores_each_request_alone_and_truncates_as_lm_eval
         [lm_eval_scoring.lm_eval_window(c, x, Pos.size) for _, c, x in requests], Pos.size, 64
     )
     assert where[0][0] == where[1][0] and len(arrays[0]) < len(requests)
+
+
+@pytest.mark.multidevice
+def test_defect_22_eval_broadcasts_fail_across_processes_under_set_mesh_and_the_workaround_delivers_them():
+    import subprocess
+    import sys
+
+    from tests.helpers.pod import free_port
+
+    env = dict(os.environ)
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "src"), str(REPO_ROOT)]))
+    port = free_port()
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "tests.helpers.multiprocess_broadcast", str(port), str(i)],
+                         cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]
+    outputs = [proc.communicate(timeout=300) for proc in procs]
+    for proc, (out, err) in zip(procs, outputs):
+        assert proc.returncode == 0, err[-3000:]
+        result = json.loads(out.strip().splitlines()[-1])
+        assert "fully addressable" in result["without"], result
+        assert result["with"] == "7", result

@@ -42,6 +42,9 @@ Levanter 1.2.dev1644:
     first in a pack is scored at shifted positions by a model with absolute position embeddings), splits context and
     continuation otherwise than lm-eval, and truncates a long request to one token less than lm-eval's ``hf``
     backend: :func:`lm_eval_scoring.score_as_lm_eval` (entered by :func:`lm_eval_harness.run_eval_harness`).
+22. On more than one process, the eval harness's ``broadcast_shard`` (process 0 sending each message and batch to the
+    other processes) fails under ``jax.set_mesh``, which Levanter's trainer enters: ``jnp`` inputs come out replicated
+    over the whole, not fully addressable, mesh: :func:`lm_eval_harness.broadcasts_across_processes`.
 
 Other pinned dependencies:
 

@@ -33,7 +33,7 @@ def run_eval_harness(config, model, tasks, tokenizer, EvalBatch, axis_resources,
     Returns the outputs on process 0, None elsewhere."""
     import levanter.eval_harness
 
-    with eval_harness_on_mesh(), score_as_lm_eval():
+    with eval_harness_on_mesh(), broadcasts_across_processes(), score_as_lm_eval():
         return levanter.eval_harness._actually_run_eval_harness(
             config, model, tasks, tokenizer, EvalBatch, axis_resources, mp
         )
@@ -52,6 +52,46 @@ def eval_harness_on_mesh() -> Iterator[None]:
         return self.process_loglikelihood(packed_request)
 
     with patched(_LmEvalHarnessWorker, dispatch_loglikelihood=dispatch_loglikelihood):
+        yield
+
+
+@contextlib.contextmanager
+def legacy_mesh_context() -> Iterator[None]:
+    """The current ``jax.set_mesh`` mesh, entered the pre-``set_mesh`` way (``with mesh:``): Levanter's helpers still
+    find it, but ``jnp`` results stay on this process's devices instead of being replicated over the whole mesh."""
+    from jax._src import config
+    from jax._src.mesh import get_concrete_mesh
+
+    mesh = get_concrete_mesh()
+    unset = config.config_ext.unset
+    previous_abstract = config.abstract_mesh_context_manager.swap_local(unset)
+    previous_devices = config.device_context.swap_local(unset)
+    try:
+        with mesh:
+            yield
+    finally:
+        config.abstract_mesh_context_manager.set_local(previous_abstract)
+        config.device_context.set_local(previous_devices)
+
+
+@contextlib.contextmanager
+def broadcasts_across_processes() -> Iterator[None]:
+    """Defect 22. Levanter's ``broadcast_shard`` (how process 0 sends the other processes each eval message and
+    batch) builds its per-device inputs with ``jnp`` ops; under ``jax.set_mesh`` those are replicated over the whole
+    mesh, which with more than one process is not addressable, and ``make_array_from_callback`` refuses them
+    ("device_put's first argument must be a fully addressable array"). With one process nothing changes."""
+    import jax
+    import levanter.eval_harness
+
+    original = levanter.eval_harness.broadcast_shard
+
+    def broadcast_shard(x, out_axis_specs, source: int = 0):
+        if jax.process_count() == 1:
+            return original(x, out_axis_specs, source)
+        with legacy_mesh_context():
+            return original(x, out_axis_specs, source)
+
+    with patched(levanter.eval_harness, broadcast_shard=broadcast_shard):
         yield
 
 

@@ -49,12 +49,11 @@ from levanter_mars.optim.per_tensor import ABSENT, update_tensors
 from levanter_mars.optim.tensor_roles import TensorRole, map_roles, tensor_roles
 from levanter_mars.optim.update_rules import (
     MatrixLayout,
+    adam,
     clip_to_unit_norm,
     corrected_gradient,
-    mars_adam_direction,
     momentum,
     orthogonalize,
-    second_moment,
 )
 
 MARS_LABEL = "mars"
@@ -81,22 +80,8 @@ class ScaleByMarsState(NamedTuple):
     prev: optax.Updates
 
 
-# The branches, in the paper's order. Each takes the float32 arrays of one layer of one tensor and returns
-# (direction, m, v); ``c`` is the clipped corrected gradient.
-
-
-def adamw_branch(g, m, v, *, t, b1, b2, eps):
-    """Vector tensors' separate AdamW, on the raw gradient."""
-    m = momentum(m, g, b1)
-    v = second_moment(v, g, b2)
-    return mars_adam_direction(m, v, t, b1, b2, eps), m, v
-
-
-def mars_adamw(c, m, v, *, t, b1, b2, eps):
-    """MARS-AdamW: Adam on the corrected gradient."""
-    m = momentum(m, c, b1)
-    v = second_moment(v, c, b2)
-    return mars_adam_direction(m, v, t, b1, b2, eps), m, v
+# The directions MARS-AdamW (update_rules.adam on c) does not share. Each takes the float32 arrays of one layer of one
+# tensor and returns (direction, m, v); ``c`` is the clipped corrected gradient.
 
 
 def mars_lion(c, m, v, *, b1):
@@ -186,7 +171,8 @@ def scale_by_mars(
 
     def rule_for(role: TensorRole, t: jax.Array, gamma_t: Any):
         if not _uses_mars(role, optimize_1d):
-            return lambda g, m, v, g_prev, layout: adamw_branch(g, m, v, t=t, b1=b1_1d, b2=b2_1d, eps=eps)
+            # Vector tensors' separate AdamW, on the raw gradient.
+            return lambda g, m, v, g_prev, layout: adam(g, m, v, t=t, b1=b1_1d, b2=b2_1d, eps=eps)
 
         def mars_rule(g, m, v, g_prev, layout):
             c = clip_to_unit_norm(corrected_gradient(g, g_prev, gamma_t, b1))
@@ -194,7 +180,7 @@ def scale_by_mars(
                 return mars_lion(c, m, v, b1=b1)
             if variant == "shampoo" and role.is_matrix:
                 return mars_shampoo(c, m, v, layout, b1=b1)
-            return mars_adamw(c, m, v, t=t, b1=b1, b2=b2, eps=eps)
+            return adam(c, m, v, t=t, b1=b1, b2=b2, eps=eps)  # MARS-AdamW
 
         return mars_rule
 

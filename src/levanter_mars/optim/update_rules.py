@@ -60,6 +60,13 @@ def adamw_direction(m: jax.Array, v: jax.Array, t: jax.Array, b1: float, b2: flo
     return m / (jnp.sqrt(v) + eps) * (jnp.sqrt(bias_correction2) / bias_correction1)
 
 
+def adam(x, m, v, *, t, b1: float, b2: float, eps: float, direction=mars_adam_direction):
+    """Adam on ``x`` (the raw or the corrected gradient): updates both moments, returns (direction, m, v)."""
+    m = momentum(m, x, b1)
+    v = second_moment(v, x, b2)
+    return direction(m, v, t, b1, b2, eps), m, v
+
+
 @dataclasses.dataclass(frozen=True)
 class MatrixLayout:
     """One layer of a matrix tensor as the papers see it: rows = ``Out`` axes, cols = ``In`` axes.

@@ -24,6 +24,7 @@ import dataclasses
 import functools
 from typing import Any
 
+import haliax as hax
 import jax
 import jax.numpy as jnp
 import optax
@@ -69,6 +70,10 @@ def _with_kind(role: TensorRole, matrix: bool) -> TensorRole:
     return dataclasses.replace(role, kind=TensorKind.MATRIX if matrix else TensorKind.VECTOR)
 
 
+def _unwrap(x: Any) -> Any:
+    return x.array if hax.is_named_array(x) else x
+
+
 def mars_m_roles(params: Any, matrix_mask: Any = None) -> Any:
     """The :func:`~levanter_mars.optim.tensor_roles.tensor_roles` of ``params`` with MARS-M's choice of matrices.
 
@@ -80,7 +85,13 @@ def mars_m_roles(params: Any, matrix_mask: Any = None) -> Any:
     roles = tensor_roles(params)
     if matrix_mask is not None:
         mask = matrix_mask(params) if callable(matrix_mask) else matrix_mask
-        return jax.tree.map(lambda keep, sub: map_roles(lambda role: _with_kind(role, bool(keep)), sub), mask, roles)
+        # A mask built with jax.tree.map over a Haliax model holds NamedArrays of bools.
+        return jax.tree.map(
+            lambda keep, sub: map_roles(lambda role: _with_kind(role, bool(_unwrap(keep))), sub),
+            mask,
+            roles,
+            is_leaf=hax.is_named_array,
+        )
     vocab = set(VOCAB_AXIS_NAMES)
     for role in jax.tree.leaves(roles, is_leaf=is_role):
         if is_role(role) and role.embedding:

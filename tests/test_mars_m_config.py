@@ -84,6 +84,8 @@ def test_every_field_from_yaml_and_cli(tmp_path, via):
         (dict(min_lr_ratio=2.0), "optimizer.min_lr_ratio"),
         (dict(exact=True, efficient=True), "optimizer.efficient"),
         (dict(efficient=True, beta1=0.0), "optimizer.beta1"),
+        (dict(weight_decay_modules=["attn"]), "optimizer.weight_decay_modules"),
+        (dict(default_weight_decay_mask=False), "optimizer.default_weight_decay_mask"),
     ],
 )
 def test_bad_values_raise_value_error_naming_the_field(kwargs, message):

@@ -185,6 +185,12 @@ class MarsMConfig(OptimizerConfig):
 
     def __post_init__(self):
         _check_dtypes(self)
+        for name in ("weight_decay_modules", "default_weight_decay_mask"):
+            if getattr(self, name) is not None:
+                raise ValueError(
+                    f"optimizer.{name} is not supported by mars-m: it decays every tensor with weight_decay, as the "
+                    f"official trainer does; got {getattr(self, name)!r}"
+                )
         validate_mars_m_hyperparameters(
             b1=self.beta1,
             gamma=self.gamma,

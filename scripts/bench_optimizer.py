@@ -87,6 +87,10 @@ def main(argv=None) -> None:
             if name in by_name:
                 measured = by_name[name][speed.ratio_key(basis)]
                 goals.append(report.goal_line(f"{result['size']}: {name} update / AdamW ({basis} time)", measured, GOAL_UPDATE_RATIO))
+        if "mars-m-efficient-fp32" in by_name and opt.MUON in by_name:  # the efficient form keeps Muon's state
+            goals.append(report.goal_line(f"{result['size']}: mars-m-efficient-fp32 state bytes/param (limit: Muon's)",
+                                          by_name["mars-m-efficient-fp32"]["state_bytes_per_param"],
+                                          by_name[opt.MUON]["state_bytes_per_param"], "B"))
         for name, row in by_name.items():
             if name.endswith("-bf16"):
                 goals.append(

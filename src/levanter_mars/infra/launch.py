@@ -2,41 +2,46 @@
 [--retries K] [--preemption_retries P] [--address http://...] [--dry_run] [-- training overrides]``
 
 Submits the run as a Ray job (one training process per TPU host, restarted after preemptions and failures) and
-follows its log. ``--tpu_type cpu`` runs it on a local Ray cluster (see ``local_cluster.py``). See infra/README.md.
+follows its log. ``--tpu_type cpu [--num_hosts N --devices_per_host D]`` runs it as a local pod on this machine:
+on the Ray cluster ``--address`` (or ``$RAY_ADDRESS``) names, else on a private one started on 127.0.0.1 for this
+command and stopped when it ends (see ``local_cluster.py``). See infra/README.md.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import sys
 from typing import Optional, Sequence
 
 from levanter_mars.infra.config import LaunchError, RayLaunchConfig
 from levanter_mars.infra.plan import prepare_cli
-from levanter_mars.infra.ray_job import build_job, follow, how_to_watch, resolve_address, submit
+from levanter_mars.infra.ray_job import RayJob, build_job, follow, how_to_watch, resolve_address, submit
+
+PRIVATE_CLUSTER = "a private Ray cluster on 127.0.0.1, started for this command and stopped when it ends"
 
 
-def cli(argv: Optional[Sequence[str]] = None) -> int:
-    prepared = prepare_cli(sys.argv[1:] if argv is None else list(argv), RayLaunchConfig)
-    if isinstance(prepared, int):
-        return prepared
-    launch, run = prepared
-    job = build_job(run, launch)
-    address = resolve_address(launch.address)
-    if launch.dry_run:
-        print(run.report({"address": address, "ray_job": job.printable()}))
-        return 0
+def wants_private_cluster(launch: RayLaunchConfig, is_local: bool, environ=os.environ) -> bool:
+    return is_local and not launch.address and not environ.get("RAY_ADDRESS")
+
+
+def run_job(job: RayJob, address: str, launch: RayLaunchConfig, label: str, private: bool = False) -> int:
+    """Submits ``job`` and (unless ``--follow false``) streams its log; returns the launcher's exit code."""
     try:
         submission = submit(job, address)
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"submitted Ray job {submission} to {address} (run {run.run_id}, {run.slice.name} x {run.job.num_slices})")
-    if not launch.follow:
+    print(f"submitted Ray job {submission} to {address} ({label})")
+    if not launch.follow and not private:
         print(how_to_watch(submission, address))
         return 0
     try:
         status = follow(submission, address)
     except KeyboardInterrupt:
+        if private:
+            raise  # the private cluster, and the job with it, is stopped on the way out
         print(f"\nstopped following; the job goes on:\n{how_to_watch(submission, address)}", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - a dropped log stream (tunnel closed, laptop asleep) ends only the watching
@@ -45,6 +50,61 @@ def cli(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     print(f"Ray job {submission}: {status}")
     return 0 if status == "SUCCEEDED" else 1
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def run_on_private_cluster(job: RayJob, launch: RayLaunchConfig, hosts: int, label: str) -> int:
+    """Starts a local Ray cluster of ``hosts`` nodes, runs the job on it, and stops it (also after an error,
+    Ctrl-C or SIGTERM): the local pod as one command."""
+    from levanter_mars.infra.local_cluster import LocalRayCluster
+
+    print(f"starting {PRIVATE_CLUSTER} ({hosts} host(s))", flush=True)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    cluster, code = None, 1
+    try:
+        cluster = LocalRayCluster.start(num_hosts=hosts)
+        print(f"Ray cluster up in {cluster.temp_dir}", flush=True)
+        os.environ.update(cluster.client_env())  # this process is now a client of it (the job API, the log)
+        code = run_job(job, cluster.address, launch, label, private=True)
+    except KeyboardInterrupt:
+        print("\ninterrupted: stopping the private Ray cluster and the run on it", file=sys.stderr)
+        code = 130
+    except RuntimeError as e:  # ray start failed
+        print(f"error: {e}", file=sys.stderr)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the cleanup
+        try:
+            if cluster is not None:
+                cluster.stop()
+                if code == 0:
+                    shutil.rmtree(cluster.temp_dir, ignore_errors=True)
+                else:
+                    print(f"Ray's logs of the run are kept in {cluster.temp_dir}", file=sys.stderr)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    return code
+
+
+def cli(argv: Optional[Sequence[str]] = None) -> int:
+    prepared = prepare_cli(sys.argv[1:] if argv is None else list(argv), RayLaunchConfig)
+    if isinstance(prepared, int):
+        return prepared
+    launch, run = prepared
+    job = build_job(run, launch)
+    private = wants_private_cluster(launch, run.slice.is_local)
+    address = PRIVATE_CLUSTER if private else resolve_address(launch.address)
+    if launch.dry_run:
+        print(run.report({"address": address, "ray_job": job.printable()}))
+        return 0
+    label = f"run {run.run_id}, {run.slice.name} x {run.job.num_slices}"
+    if run.slice.is_local:
+        label += f", {run.slice.hosts} host(s) x {run.slice.devices_per_host} device(s)"
+    if private:
+        return run_on_private_cluster(job, launch, run.slice.hosts, label)
+    return run_job(job, address, launch, label)
 
 
 if __name__ == "__main__":

@@ -15,19 +15,23 @@ import signal
 import sys
 from typing import Optional, Sequence
 
-from levanter_mars.infra.config import LaunchError, RayLaunchConfig
-from levanter_mars.infra.plan import prepare_cli
-from levanter_mars.infra.ray_job import RayJob, build_job, follow, how_to_watch, resolve_address, submit
+from levanter_mars.infra.config import LaunchError, RayLaunchConfig, parse_args
+from levanter_mars.infra.local_node import LOCAL_SLICE
+
+# Light imports only above this line: Ray reads its authentication mode once, when it is imported, and a private
+# cluster's client must be in token mode by then (see cli). plan and ray_job import Levanter, and so Ray.
 
 PRIVATE_CLUSTER = "a private Ray cluster on 127.0.0.1, started for this command and stopped when it ends"
 
 
-def wants_private_cluster(launch: RayLaunchConfig, is_local: bool, environ=os.environ) -> bool:
-    return is_local and not launch.address and not environ.get("RAY_ADDRESS")
+def wants_private_cluster(launch: RayLaunchConfig, environ=os.environ) -> bool:
+    return launch.tpu_type == LOCAL_SLICE and not launch.address and not environ.get("RAY_ADDRESS")
 
 
-def run_job(job: RayJob, address: str, launch: RayLaunchConfig, label: str, private: bool = False) -> int:
+def run_job(job, address: str, launch: RayLaunchConfig, label: str, private: bool = False) -> int:
     """Submits ``job`` and (unless ``--follow false``) streams its log; returns the launcher's exit code."""
+    from levanter_mars.infra.ray_job import follow, how_to_watch, submit
+
     try:
         submission = submit(job, address)
     except LaunchError as e:
@@ -56,18 +60,16 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def run_on_private_cluster(job: RayJob, launch: RayLaunchConfig, hosts: int, label: str) -> int:
-    """Starts a local Ray cluster of ``hosts`` nodes, runs the job on it, and stops it (also after an error,
-    Ctrl-C or SIGTERM): the local pod as one command."""
+def run_on_private_cluster(job, launch: RayLaunchConfig, hosts: int, label: str, temp_dir: str) -> int:
+    """Starts a local Ray cluster of ``hosts`` nodes in ``temp_dir``, runs the job on it, and stops it (also after
+    an error, Ctrl-C or SIGTERM): the local pod as one command."""
     from levanter_mars.infra.local_cluster import LocalRayCluster
 
-    print(f"starting {PRIVATE_CLUSTER} ({hosts} host(s))", flush=True)
+    print(f"starting {PRIVATE_CLUSTER} ({hosts} host(s)) in {temp_dir}", flush=True)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     cluster, code = None, 1
     try:
-        cluster = LocalRayCluster.start(num_hosts=hosts)
-        print(f"Ray cluster up in {cluster.temp_dir}", flush=True)
-        os.environ.update(cluster.client_env())  # this process is now a client of it (the job API, the log)
+        cluster = LocalRayCluster.start(temp_dir, num_hosts=hosts)
         code = run_job(job, cluster.address, launch, label, private=True)
     except KeyboardInterrupt:
         print("\ninterrupted: stopping the private Ray cluster and the run on it", file=sys.stderr)
@@ -79,31 +81,57 @@ def run_on_private_cluster(job: RayJob, launch: RayLaunchConfig, hosts: int, lab
         try:
             if cluster is not None:
                 cluster.stop()
-                if code == 0:
-                    shutil.rmtree(cluster.temp_dir, ignore_errors=True)
-                else:
-                    print(f"Ray's logs of the run are kept in {cluster.temp_dir}", file=sys.stderr)
+            if code == 0:
+                shutil.rmtree(temp_dir, ignore_errors=True)
+            else:
+                print(f"Ray's logs of the run are kept in {temp_dir}", file=sys.stderr)
         finally:
             signal.signal(signal.SIGTERM, previous)
     return code
 
 
+def _client_of_private_cluster(environ=os.environ) -> str:
+    """Makes this process a client of the private cluster about to start in the returned directory. Must run before
+    Ray is imported (it reads the authentication mode then)."""
+    from levanter_mars.infra.local_node import client_environment, new_temp_dir
+
+    if "ray" in sys.modules:
+        raise LaunchError("internal: Ray was imported before the launcher could set up its private cluster's client")
+    temp_dir = new_temp_dir()
+    environ.update(client_environment(temp_dir))
+    return temp_dir
+
+
 def cli(argv: Optional[Sequence[str]] = None) -> int:
-    prepared = prepare_cli(sys.argv[1:] if argv is None else list(argv), RayLaunchConfig)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    temp_dir = None
+    try:
+        launch, _ = parse_args(argv, RayLaunchConfig)
+        if not launch.dry_run and wants_private_cluster(launch):
+            temp_dir = _client_of_private_cluster()
+    except LaunchError:
+        pass  # prepare_cli reports it
+
+    from levanter_mars.infra.plan import prepare_cli
+    from levanter_mars.infra.ray_job import build_job, resolve_address
+
+    prepared = prepare_cli(argv, RayLaunchConfig)
     if isinstance(prepared, int):
+        if temp_dir:
+            shutil.rmtree(temp_dir, ignore_errors=True)
         return prepared
     launch, run = prepared
     job = build_job(run, launch)
-    private = wants_private_cluster(launch, run.slice.is_local)
-    address = PRIVATE_CLUSTER if private else resolve_address(launch.address)
+    address = PRIVATE_CLUSTER if temp_dir or (launch.dry_run and wants_private_cluster(launch)) else None
+    address = address or resolve_address(launch.address)
     if launch.dry_run:
         print(run.report({"address": address, "ray_job": job.printable()}))
         return 0
     label = f"run {run.run_id}, {run.slice.name} x {run.job.num_slices}"
     if run.slice.is_local:
         label += f", {run.slice.hosts} host(s) x {run.slice.devices_per_host} device(s)"
-    if private:
-        return run_on_private_cluster(job, launch, run.slice.hosts, label)
+    if temp_dir:
+        return run_on_private_cluster(job, launch, run.slice.hosts, label, temp_dir)
     return run_job(job, address, launch, label)
 
 

@@ -23,20 +23,23 @@ import shlex
 import socket
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from levanter_mars.infra.local_node import NODE_ENVIRONMENT, node_environment
+from levanter_mars.infra.local_node import (
+    LOOPBACK_ONLY,
+    NODE_ENVIRONMENT,
+    TOKEN_FILE,
+    client_environment,
+    new_temp_dir,
+    node_environment,
+)
 from levanter_mars.infra.slices import HOST_TASK_CPUS, HOST_TASK_MEMORY_BYTES, LOCAL_SLICE, head_resource, local_slice
 
 JOIN_MODULE = "levanter_mars.compat.ray_local_nodes"
 STATE_FILE = "levanter_mars_cluster.json"
-TOKEN_FILE = "auth_token"
 OBJECT_STORE_BYTES = 200 * 10**6  # the launcher moves no data through Ray: keep /dev/shm use small
-
-LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 def node_resources(worker_id: int = 0) -> dict[str, float]:
@@ -131,12 +134,7 @@ class LocalRayCluster:
 
     def client_env(self) -> dict[str, str]:
         """What a client (the launcher, ``ray job ...``) needs in its environment to reach this cluster."""
-        return {
-            **LOOPBACK_ONLY,
-            "RAY_AUTH_MODE": "token",
-            "RAY_AUTH_TOKEN_PATH": self.token_path,
-            "RAY_ADDRESS": self.address,
-        }
+        return {**client_environment(self.temp_dir), "RAY_ADDRESS": self.address}
 
     @classmethod
     def start(
@@ -147,7 +145,7 @@ class LocalRayCluster:
         num_hosts: int = 1,
     ):
         local_slice(num_hosts)  # a pod shape the nodes can pose as, or LaunchError
-        temp_dir = temp_dir or tempfile.mkdtemp(prefix="lm-ray-")  # short: Ray's socket paths must fit 107 bytes
+        temp_dir = temp_dir or new_temp_dir()
         os.makedirs(temp_dir, exist_ok=True)
         ports = iter(_free_ports(2 + num_hosts * len(_PORT_FLAGS)))
         cluster = cls(os.path.realpath(temp_dir), next(ports), next(ports), num_hosts)

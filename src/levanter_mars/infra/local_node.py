@@ -1,8 +1,14 @@
-"""The environment of the local engine's Ray nodes (see local_cluster.py). Import-light: the host task uses it."""
+"""The environment of the local engine's Ray nodes and clients (see local_cluster.py). Import-light: the host task
+uses it, and the launcher before it imports Ray."""
+
+import os
+import tempfile
 
 # Each node poses as one worker of a v4 slice with as many hosts as the local pod has, through the variables Ray
 # reads on GKE, so Levanter's scheduler runs unchanged and neither Ray nor Levanter asks a GCE metadata server
 # anything. Ray gives worker 0 the slice's head resource and every worker the slice name as a resource.
+LOCAL_SLICE = "cpu"
+"""``--tpu_type cpu``: the local engine."""
 LOCAL_SLICE_NAME = "local-cpu"
 #: Hosts of the local pod -> (the v4 slice type its nodes pose as, that slice's chip topology).
 LOCAL_SLICE_SHAPES = {1: ("v4-8", "2x2x1"), 2: ("v4-16", "2x2x2"), 4: ("v4-32", "2x2x4"), 8: ("v4-64", "2x4x4")}
@@ -35,6 +41,20 @@ def node_environment(num_hosts: int = 1, worker_id: int = 0) -> dict[str, str]:
 
 NODE_ENVIRONMENT = node_environment()
 """The one-host local engine's node (the ``ray start`` recipe in infra/README.md)."""
+
+
+# Without it Ray 2.60 also listens on 0.0.0.0 and the machine's address, even with --node-ip-address 127.0.0.1.
+LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+TOKEN_FILE = "auth_token"
+
+
+def new_temp_dir() -> str:
+    return os.path.realpath(tempfile.mkdtemp(prefix="lm-ray-"))  # short: Ray's socket paths must fit 107 bytes
+
+
+def client_environment(temp_dir: str) -> dict[str, str]:
+    """What a client needs in its environment, before it imports Ray, to reach the cluster in ``temp_dir``."""
+    return {**LOOPBACK_ONLY, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": os.path.join(temp_dir, TOKEN_FILE)}
 
 
 def without_node_environment(environ):

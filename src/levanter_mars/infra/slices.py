@@ -17,11 +17,9 @@ from levanter.infra.ray_tpu import TPU_CONFIGS, get_tpu_config
 from levanter.trainer import TrainerConfig
 
 from levanter_mars.infra.config import LaunchError
-from levanter_mars.infra.local_node import LOCAL_SLICE_SHAPES
-
-LOCAL_SLICE = "cpu"
-"""``--tpu_type cpu``: the local engine, a Ray cluster on this machine with one node per simulated host, posing as
-a v4 slice with that many hosts (``local_node.py``)."""
+# LOCAL_SLICE, ``--tpu_type cpu``: the local engine, a Ray cluster on this machine with one node per simulated host,
+# posing as a v4 slice with that many hosts (``local_node.py``).
+from levanter_mars.infra.local_node import LOCAL_SLICE, LOCAL_SLICE_SHAPES
 
 # What levanter.infra.ray_tpu.TPUHostActor.run_remote_fn asks of every host besides its chips (levanter
 # 1.2.dev1644). A node that cannot offer them never gets the task: the local engine must declare them.

@@ -69,11 +69,10 @@ def local_host_setup(local: LocalHost, environ: Mapping[str, str]) -> tuple[list
     env = {"XLA_FLAGS": with_device_count(environ.get("XLA_FLAGS", ""), local.devices_per_host)}
     if local.num_hosts == 1:
         return [], env
-    import ray
+    from levanter_mars.infra.rendezvous import coordinator_port
 
     worker_id = int(environ["TPU_WORKER_ID"])  # this node's place in the slice, as Levanter's scheduler reads it
-    rendezvous = ray.get_actor(local.rendezvous)
-    port = ray.get(rendezvous.coordinator_port.remote(worker_id, os.getpid()))
+    port = coordinator_port(local.rendezvous, worker_id)
     return distributed_flags(local.num_hosts, worker_id, port), env
 
 

@@ -55,8 +55,6 @@ class PodConfig:
     devices_per_host: Optional[int] = None
     """The local pod's simulated devices per host (``--tpu_type cpu``)."""
 
-RENDEZVOUS_ACTOR = "levanter-mars-rendezvous"
-
 
 def take_secrets(names: Sequence[str], environ=os.environ) -> dict[str, str]:
     """Takes the credentials out of the job config Ray's job supervisor hands this driver, before ``ray.init``
@@ -118,11 +116,12 @@ def main(argv: Sequence[str]) -> int:
         ray.init()
         if kind.is_local:
             wait_for_local_cluster(kind)
-            local = LocalHost(kind.hosts, kind.devices_per_host, RENDEZVOUS_ACTOR if kind.hosts > 1 else None)
-            if local.rendezvous:
+            rendezvous = None
+            if kind.hosts > 1:
                 from levanter_mars.infra.rendezvous import start_rendezvous
 
-                start_rendezvous(local.rendezvous, kind.hosts)
+                rendezvous = start_rendezvous(kind.hosts)
+            local = LocalHost(kind.hosts, kind.devices_per_host, rendezvous)
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -11,7 +11,9 @@ kills the worker of a cancelled task), so it is recognised by its process id and
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import uuid
 
 import psutil
 import ray
@@ -45,6 +47,19 @@ class Rendezvous:
         return await answer
 
 
-def start_rendezvous(name: str, num_hosts: int):
-    """The job's rendezvous actor (on one of the local pod's nodes, all on this machine); it ends with the job."""
-    return ray.remote(num_cpus=0)(Rendezvous).options(name=name).remote(num_hosts)
+# Host tasks are started by Levanter's actors and do not share the driver's anonymous namespace: name it.
+NAMESPACE = "levanter_mars"
+
+
+def start_rendezvous(num_hosts: int) -> str:
+    """Starts the job's rendezvous actor (on one of the local pod's nodes, all on this machine; it ends with the
+    job) and returns its name, unique to the job."""
+    name = f"rendezvous-{uuid.uuid4().hex}"
+    ray.remote(num_cpus=0)(Rendezvous).options(name=name, namespace=NAMESPACE).remote(num_hosts)
+    return name
+
+
+def coordinator_port(name: str, worker_id: int) -> int:
+    """Asks the job's rendezvous for this attempt's coordinator port (blocks until every host has asked)."""
+    rendezvous = ray.get_actor(name, namespace=NAMESPACE)
+    return ray.get(rendezvous.coordinator_port.remote(worker_id, os.getpid()))

@@ -116,11 +116,11 @@ def main(argv: Sequence[str]) -> int:
         ray.init()
         if kind.is_local:
             wait_for_local_cluster(kind)
-            rendezvous = None
+            rendezvous, rendezvous_actor = None, None  # the handle keeps the actor alive until the run ends
             if kind.hosts > 1:
                 from levanter_mars.infra.rendezvous import start_rendezvous
 
-                rendezvous = start_rendezvous(kind.hosts)
+                rendezvous, rendezvous_actor = start_rendezvous(kind.hosts)
             local = LocalHost(kind.hosts, kind.devices_per_host, rendezvous)
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr)

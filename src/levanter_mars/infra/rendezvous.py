@@ -51,12 +51,11 @@ class Rendezvous:
 NAMESPACE = "levanter_mars"
 
 
-def start_rendezvous(num_hosts: int) -> str:
-    """Starts the job's rendezvous actor (on one of the local pod's nodes, all on this machine; it ends with the
-    job) and returns its name, unique to the job."""
+def start_rendezvous(num_hosts: int) -> tuple[str, object]:
+    """Starts the job's rendezvous actor (on one of the local pod's nodes, all on this machine) and returns its name,
+    unique to the job, and its handle: the actor lives as long as the caller holds the handle."""
     name = f"rendezvous-{uuid.uuid4().hex}"
-    ray.remote(num_cpus=0)(Rendezvous).options(name=name, namespace=NAMESPACE).remote(num_hosts)
-    return name
+    return name, ray.remote(num_cpus=0)(Rendezvous).options(name=name, namespace=NAMESPACE).remote(num_hosts)
 
 
 def coordinator_port(name: str, worker_id: int) -> int:

@@ -60,6 +60,21 @@ def training_process(config_path: Path) -> Optional[psutil.Process]:
     return None
 
 
+def training_processes(config_path: Path) -> list[psutil.Process]:
+    """The training processes of the run of ``config_path`` on every host of a local pod, by process id."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if TRAIN_MODULE in cmdline and str(config_path) in cmdline:
+            found.append((process_id(cmdline), proc))
+    return [proc for _, proc in sorted(found, key=lambda pair: pair[0])]
+
+
+def process_id(cmdline: list[str]) -> int:
+    flag = "--trainer.distributed.process_id"
+    return int(cmdline[cmdline.index(flag) + 1]) if flag in cmdline else 0
+
+
 def wait_for(condition: Callable[[], object], timeout: float = 300, poll: float = 0.05, what: str = "condition"):
     deadline = time.time() + timeout
     while time.time() < deadline:

@@ -63,8 +63,8 @@ def ray_start_args(
             "--head", "--node-ip-address", "127.0.0.1", "--port", str(gcs_port),
             "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port),
         ]  # fmt: skip
-    else:
-        node = ["--address", head_address, "--node-ip-address", "127.0.0.1"]
+    else:  # one log monitor per machine (the head's reads every node's logs here), or each line comes N times
+        node = ["--address", head_address, "--node-ip-address", "127.0.0.1", "--include-log-monitor", "false"]
     args = [
         "ray", "start", *node,
         "--num-cpus", str(HOST_TASK_CPUS + 1),

@@ -1,9 +1,11 @@
-"""Running the launcher against a local Ray cluster, and finding the processes it starts, for end-to-end tests."""
+"""Running the launcher: dry runs that must contact nothing, and runs against a local Ray cluster with the processes
+they start, for end-to-end tests."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -11,10 +13,45 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Optional
 
 import psutil
+import pytest
+import yaml
 
 from tests.helpers.training import REPO
 
 TRAIN_MODULE = "levanter_mars.main.train_lm"
+
+
+class ContactError(AssertionError):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def contact_nothing(monkeypatch):
+    """A dry run must not open a socket (not even to 127.0.0.1), start a process, or touch Ray. Autouse in every
+    test module that imports it."""
+    import ray
+    import ray.job_submission
+
+    def refuse(*args, **kwargs):
+        raise ContactError(f"contacted something: {args!r}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", refuse)
+    monkeypatch.chdir(REPO)
+
+
+def dry_run(capsys, *argv):
+    """``launch --dry_run argv``: returns the plan, the resolved training config and the whole output."""
+    from levanter_mars.infra import launch
+
+    code = launch.cli(["--dry_run", *argv])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    plan, config = yaml.safe_load_all(out)
+    return plan, config, out
 
 
 def launcher_command(config_path: Path, *flags: str) -> list[str]:

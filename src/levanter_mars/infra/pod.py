@@ -93,7 +93,7 @@ def check_local_cluster(resources: dict[str, float], kind: SliceType) -> None:
         )
 
 
-def wait_for_local_cluster(kind: SliceType, timeout: float = 60.0, poll: float = 1.0) -> None:
+def wait_for_local_cluster(kind: SliceType, timeout: float = 20.0, poll: float = 1.0) -> None:
     """:func:`check_local_cluster`, allowing the nodes of a cluster that was just started a moment to register."""
     deadline = time.monotonic() + timeout
     while True:

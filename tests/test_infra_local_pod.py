@@ -59,7 +59,8 @@ def test_a_local_host_gets_its_devices_and_with_peers_the_distributed_flags(monk
         "--xla_a=1 --xla_b --xla_force_host_platform_device_count=2"
     )
     one = host.LocalHost(num_hosts=1, devices_per_host=3)
-    assert host.local_host_setup(one, {"XLA_FLAGS": ""}) == ([], {"XLA_FLAGS": "--xla_force_host_platform_device_count=3"})
+    flags, env = host.local_host_setup(one, {"XLA_FLAGS": ""})
+    assert (flags, env) == ([], {"XLA_FLAGS": "--xla_force_host_platform_device_count=3"})
     asked = []
     monkeypatch.setattr(rendezvous, "coordinator_port", lambda name, worker: asked.append((name, worker)) or 41234)
     two = host.LocalHost(num_hosts=2, devices_per_host=1, rendezvous="r-1")

@@ -194,6 +194,7 @@ def test_defect_20_ray_start_refuses_to_add_a_node_whose_listeners_stay_on_loopb
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     command = [ray_bin, "start", "--address", "127.0.0.1:9", "--node-ip-address", "127.0.0.1"]
-    proc = subprocess.run(command + ["--temp-dir", str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
+    command += ["--temp-dir", str(tmp_path)]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "Multi-node Ray clusters are not supported" in proc.stdout + proc.stderr

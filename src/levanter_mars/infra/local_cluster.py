@@ -247,7 +247,7 @@ def main(argv: Sequence[str]) -> int:
     )
     parser.add_argument("command", choices=["start", "stop", "env"])
     parser.add_argument("--temp_dir", default=None, help="the cluster's directory (start: default a new one in /tmp)")
-    parser.add_argument("--num_hosts", type=int, default=1, help="start: simulated hosts, one Ray node each (1, 2, 4, 8)")
+    parser.add_argument("--num_hosts", type=int, default=1, help="start: hosts, one Ray node each (1, 2, 4, 8)")
     args = parser.parse_args(argv)
     if args.command == "start":
         cluster = LocalRayCluster.start(args.temp_dir, num_hosts=args.num_hosts)

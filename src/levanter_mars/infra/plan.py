@@ -62,7 +62,8 @@ class PreparedRun:
         hosts = self.slice.hosts
         per_host = {"XLA_FLAGS": with_device_count("", self.slice.devices_per_host)}
         if hosts > 1:
-            per_host["training_flags"] = distributed_flags(hosts, "<host: 0..%d>" % (hosts - 1), "<free port, per attempt>")
+            host_id = f"<host: 0..{hosts - 1}>"
+            per_host["training_flags"] = distributed_flags(hosts, host_id, "<free port, per attempt>")
         return {"hosts": hosts, "devices_per_host": self.slice.devices_per_host, "per_host": per_host}
 
     def report(self, sections: Mapping[str, Any], commands: str = "") -> str:

@@ -5,9 +5,9 @@
 [--secrets NAMES] [--workdir DIR] [--num_hosts H --devices_per_host D] -- <training args>``
 
 Each host runs ``python -m levanter_mars.main.train_lm <training args>`` as a child process (on the local pod
-with ``--trainer.distributed.*`` flags and a fresh coordinator port per attempt, see ``rendezvous.py``), so a crash of the
-training program is an ordinary failure of the Ray task (retried as a failure), while losing the host or its Ray
-worker is a preemption. Every attempt uses the same run id and so resumes from the newest checkpoint.
+with ``--trainer.distributed.*`` flags and a fresh coordinator port per attempt, see ``rendezvous.py``), so a
+crash of the training program is an ordinary failure of the Ray task (retried as a failure), while losing the host
+or its Ray worker is a preemption. Every attempt uses the same run id and so resumes from the newest checkpoint.
 """
 
 from __future__ import annotations

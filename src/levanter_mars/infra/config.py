@@ -50,7 +50,8 @@ class RayLaunchConfig(JobConfig):
     """``python -m levanter_mars.infra.launch``: submit the run as a Ray job."""
 
     address: Optional[str] = None
-    """Ray dashboard address (``http://127.0.0.1:8265``). Default: ``$RAY_ADDRESS``, else http://127.0.0.1:8265."""
+    """Ray dashboard address (``http://127.0.0.1:8265``). Default: ``$RAY_ADDRESS``, else http://127.0.0.1:8265;
+    for ``--tpu_type cpu``, else a private cluster on 127.0.0.1 that lives as long as this command."""
     follow: bool = True
     """Stream the job's log until it ends and exit with its status; otherwise print how to watch it and return
     (not on a private local cluster, which lives as long as this command)."""

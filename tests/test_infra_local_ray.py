@@ -189,7 +189,7 @@ def test_the_launcher_imports_ray_only_after_it_set_up_its_client():
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def test_defect_20_ray_start_refuses_to_add_a_node_whose_listeners_stay_on_loopback(tmp_path):
+def test_defect_23_ray_start_refuses_to_add_a_node_whose_listeners_stay_on_loopback(tmp_path):
     """The reason for levanter_mars.compat.ray_local_nodes (the two-host test above proves its workaround)."""
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}

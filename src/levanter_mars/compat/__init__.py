@@ -48,6 +48,11 @@ Levanter 1.2.dev1644:
 
 Other pinned dependencies:
 
+23. Ray 2.60's ``ray start --address`` refuses to add a node while ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, the one
+    setting that keeps every listener on 127.0.0.1, so a local pod cannot have one Ray node per simulated host:
+    ``python -m levanter_mars.compat.ray_local_nodes`` (reproduced in ``tests/test_infra_local_ray.py``, which needs
+    a Ray cluster).
+
 16. ``datasets`` sends a HEAD request to s3.amazonaws.com for every load of a packaged builder unless
     ``HF_HUB_OFFLINE`` is set: :func:`lm_eval_harness.no_datasets_download_counts`.
 17. wandb 0.31's ``wandb-core`` resolves its API host at shutdown when offline mode comes only from

@@ -1,4 +1,4 @@
-"""Defect 20: Ray 2.60's ``ray start --address`` refuses to add a node to a cluster while
+"""Defect 23: Ray 2.60's ``ray start --address`` refuses to add a node to a cluster while
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, the one setting that keeps every listener of a node on 127.0.0.1 (without
 it Ray also listens on 0.0.0.0, ``::`` and the machine's address, even with ``--node-ip-address 127.0.0.1``).
 

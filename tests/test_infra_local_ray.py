@@ -29,7 +29,6 @@ from tests.helpers.ray_launch import (
     training_processes,
     wait_for,
 )
-from tests.helpers.pod import run_pod
 from tests.helpers.training import REPO, describe_failure, last_step, losses, output, run_cli, run_paths, tiny_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -104,16 +103,6 @@ def test_tiny_run_finishes_on_the_local_engine_with_checkpoints(cluster, workdir
     assert_no_secret_written(cluster, workdir, log)
 
 
-@pytest.fixture(scope="module")
-def pod_reference(workdir, pydocs_corpus):
-    """The tiny run as 2 processes x 2 devices started by hand, without Ray (tests/helpers/pod.py): what the local
-    Ray pod must reproduce bit for bit."""
-    config = tiny_config(workdir, pydocs_corpus, "pod-no-ray")
-    pod = run_pod(config, num_processes=2, devices=2, log_dir=workdir / "logs", timeout=900)
-    assert [p.returncode for p in pod.procs] == [0, 0], pod.describe()
-    return losses(run_paths(workdir, "pod-no-ray")["metrics"])
-
-
 def test_local_pod_of_two_hosts_survives_a_killed_process_and_a_lost_worker_and_resumes_bitwise(
     workdir, pydocs_corpus, pod_reference
 ):
@@ -161,7 +150,8 @@ def test_local_pod_of_two_hosts_survives_a_killed_process_and_a_lost_worker_and_
     records = [json.loads(line) for line in lines]  # every line parses
     assert sorted(r["step"] for r in records if "train/loss" in r) == list(range(30)), "every step exactly once"
     got = losses(metrics)
-    mismatches = {s: (got[s], pod_reference[s]) for s in pod_reference if got[s] != pod_reference[s]}
+    reference = losses(pod_reference[2]["metrics"])  # the same tiny run as 2 processes started by hand, no Ray
+    mismatches = {s: (got[s], reference[s]) for s in reference if got[s] != reference[s]}
     assert not mismatches, mismatches
     # The private cluster is gone, with every process it started.
     temp_dir = re.search(r"starting a private Ray cluster .* in (\S+)", log).group(1)

@@ -17,7 +17,6 @@ import contextlib
 import dataclasses
 from typing import Any, Callable, Iterator, Optional
 
-import jax
 import jax.numpy as jnp
 import optax
 

@@ -39,7 +39,6 @@ import optax
 from optax import tree_utils as otu
 
 from levanter_mars.optim.hyperparameters import (
-    VARIANTS,
     ScalarOrSchedule,
     evaluate,
     validate_mars_hyperparameters,

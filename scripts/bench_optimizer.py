@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 
 from levanter_mars.bench import report
+from levanter_mars.compat import newer_jax
 
 GOAL_UPDATE_RATIO = 1.3  # MARS-AdamW approx update time / AdamW's
 GOAL_STATE_BYTES = 8.0  # AdamW's fp32 state, bytes per parameter
@@ -66,7 +67,7 @@ def main(argv=None) -> None:
     report.select_platform(args.platform)
     from levanter_mars.bench import models
 
-    levanter_import = models.ensure_levanter_importable()  # before anything imports levanter_mars.optim
+    levanter_import = newer_jax.levanter_importable()  # before anything imports levanter_mars.optim
     from levanter_mars.bench import optimizers as opt
     from levanter_mars.bench import speed
     from levanter_mars.bench.timing import device_peak_bytes

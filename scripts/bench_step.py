@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 
 from levanter_mars.bench import report
+from levanter_mars.compat import newer_jax
 
 GOAL_APPROX_RATIO = 1.05  # MARS-AdamW approx step / AdamW step
 GOAL_EXACT_RATIO = 2.05  # MARS-AdamW exact step / approx step
@@ -79,7 +80,7 @@ def main(argv=None) -> None:
     report.select_platform(args.platform)
     from levanter_mars.bench import models
 
-    levanter_import = models.ensure_levanter_importable()  # before anything imports levanter_mars.optim
+    levanter_import = newer_jax.levanter_importable()  # before anything imports levanter_mars.optim
     import jax
     import jax.numpy as jnp
 

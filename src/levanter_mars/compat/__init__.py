@@ -46,6 +46,11 @@ Levanter 1.2.dev1644:
     other processes) fails under ``jax.set_mesh``, which Levanter's trainer enters: ``jnp`` inputs come out replicated
     over the whole, not fully addressable, mesh: :func:`lm_eval_harness.broadcasts_across_processes`.
 
+24, 25. Newer jax than pinned, for the benchmarks' GPU image: :mod:`newer_jax`.
+26. Ray's job config reaches the driver through an environment variable named only privately: :mod:`ray_jobs`.
+27. A task that fails to load is not named in Levanter's error (lm-eval pops its name first):
+    :class:`lm_eval_harness.TaskErrorsNamed`.
+
 Other pinned dependencies:
 
 23. Ray 2.60's ``ray start --address`` refuses to add a node while ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, the one

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Iterator
+
+from levanter.eval_harness import LmEvalHarnessConfig
 
 from levanter_mars.compat.lm_eval_scoring import score_as_lm_eval
 from levanter_mars.compat.patching import patched
@@ -106,3 +109,18 @@ def no_datasets_download_counts() -> Iterator[None]:
 
     with patched(datasets.config, HF_UPDATE_DOWNLOAD_COUNTS=False):
         yield
+
+
+FAILED_TO_LOAD = "Failed to load task "
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskErrorsNamed(LmEvalHarnessConfig):
+    """Defect 27. lm-eval pops ``task`` from a dict entry while loading it, so Levanter's error for a task that fails
+    to load does not name it; this config's error does (``FAILED_TO_LOAD`` + name), with the cause attached."""
+
+    def _get_task_and_rename(self, manager, our_name, task):
+        try:
+            return super()._get_task_and_rename(manager, our_name, task)
+        except Exception as e:  # noqa: BLE001 - reported with the task's name, cause attached
+            raise ValueError(f"{FAILED_TO_LOAD}{our_name}") from e

@@ -23,8 +23,8 @@ from typing import Optional, Sequence
 import draccus
 import ray
 from levanter.infra.ray_tpu import run_on_pod
-from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
 
+from levanter_mars.compat.ray_jobs import RAY_JOB_CONFIG_JSON_ENV_VAR
 from levanter_mars.infra.config import SECRET_METADATA_PREFIX, LaunchError, split_overrides
 from levanter_mars.infra.host import LocalHost, host_task
 from levanter_mars.infra.local_node import LOCAL_SLICE_NAME, LOCAL_SLICE_SHAPES

@@ -87,3 +87,13 @@ def reference_runs(tmp_path_factory, pydocs_corpus):
         assert proc.returncode == 0, describe_failure(proc)
         runs[mode] = (config, proc, run_paths(workdir, f"ref-{mode}"))
     return runs
+
+
+@pytest.fixture(scope="session")
+def gcs():
+    """A local GCS (gcp-storage-emulator on 127.0.0.1, in memory) for the whole session; see tests/helpers/gcs.py.
+    Processes reach it through ``gcs.env`` only."""
+    from tests.helpers.gcs import gcs_emulator
+
+    with gcs_emulator() as emulator:
+        yield emulator

@@ -10,7 +10,6 @@ local disk (tests/conftest.py: reference_runs).
 import json
 import posixpath
 import random
-import shutil
 
 import fsspec
 import gcsfs
@@ -172,3 +171,94 @@ def test_launcher_dry_run_reads_the_training_config_from_gs(gs, gcs, tmp_path, p
     plan, resolved = documents[0], documents[-1]
     assert resolved["model"]["hidden_dim"] == 48 and resolved["trainer"]["id"] == "from-gs", "read from the bucket"
     assert f"-- --config_path {url} " in plan["ray_job"]["entrypoint"], "the hosts read it from the bucket too"
+
+
+# ------------------------------------------------------------------------------------- end to end, the CLI
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("gcs")
+
+
+@pytest.fixture(scope="module")
+def gs_run(workdir, pydocs_corpus, gcs, reference_runs):
+    """The tiny run with checkpoints and token cache on gs://, killed with -9 at a random step, then rerun."""
+    run_id = "gs-kill"
+    overrides = {
+        "data": {"cache_dir": gcs.gs("tokenized")},
+        # Temporary checkpoints too, and their deletion once the next one is committed.
+        "trainer": {"checkpointer": {"base_path": gcs.gs("checkpoints"), "save_interval": "3s"}},
+    }
+    config = tiny_config(workdir, pydocs_corpus, run_id, overrides)
+    paths = run_paths(workdir, run_id)
+    paths["checkpoints"] = gcs.gs("checkpoints", run_id)
+    kill_at = random.randint(11, 28)
+    killed = start_cli(config, log_path=workdir / f"{run_id}.log", env=gcs.env)
+    assert kill_when(killed, lambda: last_step(paths["metrics"]) >= kill_at), f"ended before step {kill_at}"
+    rerun = run_cli(config, env=gcs.env)
+    assert rerun.returncode == 0, f"killed at step {kill_at}\n" + describe_failure(rerun)
+    return config, paths, kill_at, rerun
+
+
+def _assert_losses_equal_the_local_disk_run(paths, reference_runs, context):
+    got, reference = losses(paths["metrics"]), losses(reference_runs["approx"][2]["metrics"])
+    assert sorted(got) == list(range(30)), context
+    assert got == reference, (context, {s: (got.get(s), reference[s]) for s in reference if got.get(s) != reference[s]})
+
+
+def test_killed_run_on_gs_resumes_with_losses_bitwise_equal_to_local_disk(gs_run, reference_runs, gs, gcs):
+    _, paths, kill_at, rerun = gs_run
+    context = f"killed at step {kill_at}"
+    assert f"Resuming from {paths['checkpoints']}/step-" in output(rerun), (context, output(rerun)[-3000:])
+    _assert_losses_equal_the_local_disk_run(paths, reference_runs, context)
+    statuses = ckpt.audit_run(paths["checkpoints"])
+    assert all(s.state == "verified" for s in statuses), statuses
+    assert {10, 20, 29} <= {s.step for s in statuses}
+    temporary = {s.step for s in statuses} - {10, 20, 29}
+    assert len(temporary) <= 1, f"old temporary checkpoints are deleted: {statuses}"
+    # The token caches were built on gs:// by the killed run, with their provenance records, and reused.
+    for split in ("train", "validation"):
+        cache = gcs.gs("tokenized", split)
+        assert gs.exists(f"{_plain(cache)}/shard_ledger.json") and read_record(cache)["split"] == split
+    assert "Tokenizing" not in output(rerun)
+
+
+def test_torn_newest_checkpoint_on_gs_is_quarantined_and_the_run_resumes_from_the_previous(
+    gs_run, reference_runs, gs, gcs
+):
+    config, paths, _, _ = gs_run
+    newest = f"{paths['checkpoints']}/step-29"
+    chunks = [p for p in gs.find(f"{_plain(newest)}/model") if not posixpath.basename(p).startswith(".z")]
+    torn = max(chunks, key=lambda p: gs.info(p)["size"])
+    gs.pipe(torn, gs.cat(torn)[: gs.info(torn)["size"] // 2])
+    rerun = run_cli(config, env=gcs.env)
+    assert rerun.returncode == 0, describe_failure(rerun)
+    assert f"Skipping corrupt checkpoint {newest}" in output(rerun)
+    assert f"Resuming from {paths['checkpoints']}/step-20" in output(rerun), output(rerun)[-3000:]
+    _assert_losses_equal_the_local_disk_run(paths, reference_runs, "torn step-29")
+    (record,) = gs.glob(f"{_plain(paths['checkpoints'])}.quarantine/step-29.*")
+    assert sorted(posixpath.basename(p) for p in gs.ls(record)) == sorted(
+        [ckpt.METADATA_NAME, ckpt.MANIFEST_NAME, ckpt.REASON_NAME]
+    )
+    # Step 29 was then saved anew over the set-aside arrays: intact, and no longer marked.
+    gs.invalidate_cache()
+    assert ckpt.audit_checkpoint(newest).state == "verified"
+    assert not gs.exists(f"{_plain(newest)}/{ckpt.QUARANTINE_MARKER}")
+
+
+def test_standalone_eval_of_a_gs_checkpoint_equals_the_eval_of_its_local_copy(gs_run, workdir, gs, gcs):
+    config, paths, _, _ = gs_run
+    checkpoint = f"{paths['checkpoints']}/step-20"
+    local = workdir / "local-copy" / "step-20"
+    gs.get(_plain(checkpoint), str(local), recursive=True)
+    results = {}
+    for where, path in (("gs", checkpoint), ("local", str(local))):
+        proc = run_eval_cli(
+            "--config_path", str(OFFLINE_SUITE), "--checkpoint_path", path, "--train_config_path", str(config),
+            "--task_spec", '["pydocs_mc"]', "--include_path", f'["{LOCAL_TASKS}"]',
+            "--output_dir", str(workdir / f"eval-{where}"), env=gcs.env,
+        )
+        assert proc.returncode == 0, describe_failure(proc)
+        results[where] = item_loglikelihoods(workdir / f"eval-{where}" / "results.json")
+    assert results["gs"] == results["local"] and len(results["gs"]) > 0

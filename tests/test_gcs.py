@@ -194,8 +194,13 @@ def gs_run(workdir, pydocs_corpus, gcs, reference_runs):
     paths = run_paths(workdir, run_id)
     paths["checkpoints"] = gcs.gs("checkpoints", run_id)
     kill_at = random.randint(11, 28)
+    # Once step-10 is committed (the emulator may still be writing it at step 14): the rerun must resume, not restart.
+    fs = gcsfs.GCSFileSystem(endpoint_url=gcs.url, token="anon", skip_instance_cache=True)
+    committed = f"{_plain(paths['checkpoints'])}/step-10/{ckpt.MANIFEST_NAME}"
     killed = start_cli(config, log_path=workdir / f"{run_id}.log", env=gcs.env)
-    assert kill_when(killed, lambda: last_step(paths["metrics"]) >= kill_at), f"ended before step {kill_at}"
+    assert kill_when(killed, lambda: last_step(paths["metrics"]) >= kill_at and fs.exists(committed), poll=0.2), (
+        f"ended before step {kill_at}"
+    )
     rerun = run_cli(config, env=gcs.env)
     assert rerun.returncode == 0, f"killed at step {kill_at}\n" + describe_failure(rerun)
     return config, paths, kill_at, rerun

@@ -1,4 +1,5 @@
-"""Quality per step: AdamW against each MARS variant, each with a learning-rate grid and 2 seeds, on the embedded corpus.
+"""Quality per step: AdamW against each MARS variant, MARS-M and a Muon baseline, each with a learning-rate grid and 2
+seeds, on the embedded corpus.
 
 Every run goes through the training CLI (``python -m levanter_mars.main.train_lm``), one process per run, on
 ``config/bench_convergence.yaml``. Reports each optimizer's best final val loss (mean over seeds at its best learning
@@ -139,6 +140,10 @@ def main(argv=None) -> None:
     if contender.get("best_learning_rate") is not None and summary["target_val_loss"] is not None \
             and contender.get("steps_to_target") is None:
         goals[0] |= {"met": False, "note": "never reached within the run"}
+    mars_m, muon = (summary["optimizers"].get(name, {}).get("steps_to_target") for name in ("mars-m", "muon"))
+    if "mars-m" in summary["optimizers"] and "muon" in summary["optimizers"]:  # issue 12: MARS-M against Muon
+        goals.append(report.goal_line("MARS-M steps to AdamW's final val loss / the Muon baseline's",
+                                      mars_m / muon if mars_m and muon else None, 1.0))
     model = {k: base["model"][k] for k in ("hidden_dim", "num_layers", "num_heads", "seq_len")}
     trainer = conv.deep_merge(base["trainer"], overrides.get("trainer", {}))
     result = {

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 
 from levanter_mars.bench import report
+from levanter_mars.compat import newer_jax
 
 GOAL_UPDATE_RATIO = 1.3  # MARS-AdamW approx update time / AdamW's
 GOAL_STATE_BYTES = 8.0  # AdamW's fp32 state, bytes per parameter
@@ -66,7 +67,7 @@ def main(argv=None) -> None:
     report.select_platform(args.platform)
     from levanter_mars.bench import models
 
-    levanter_import = models.ensure_levanter_importable()  # before anything imports levanter_mars.optim
+    levanter_import = newer_jax.levanter_importable()  # before anything imports levanter_mars.optim
     from levanter_mars.bench import optimizers as opt
     from levanter_mars.bench import speed
     from levanter_mars.bench.timing import device_peak_bytes
@@ -87,6 +88,10 @@ def main(argv=None) -> None:
             if name in by_name:
                 measured = by_name[name][speed.ratio_key(basis)]
                 goals.append(report.goal_line(f"{result['size']}: {name} update / AdamW ({basis} time)", measured, GOAL_UPDATE_RATIO))
+        if "mars-m-efficient-fp32" in by_name and opt.MUON in by_name:  # the efficient form keeps Muon's state
+            goals.append(report.goal_line(f"{result['size']}: mars-m-efficient-fp32 state bytes/param (limit: Muon's)",
+                                          by_name["mars-m-efficient-fp32"]["state_bytes_per_param"],
+                                          by_name[opt.MUON]["state_bytes_per_param"], "B"))
         for name, row in by_name.items():
             if name.endswith("-bf16"):
                 goals.append(

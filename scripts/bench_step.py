@@ -1,5 +1,5 @@
 """Full train-step cost (forward + backward + optimizer update, one jitted program) for AdamW, MARS-AdamW approx and
-MARS-AdamW exact, on Levanter's GPT-2.
+MARS-AdamW exact, MARS-M approx and efficient and the Muon baseline (``--quick``: the first three), on Levanter's GPT-2.
 
 Every optimizer runs the same step on the same batch: the loss is a next-token cross-entropy over the model's logits
 (``levanter_mars.bench.models.next_token_loss``, written here so the benchmark also runs on jax >= 0.8, where the
@@ -17,10 +17,12 @@ from __future__ import annotations
 import argparse
 
 from levanter_mars.bench import report
+from levanter_mars.compat import newer_jax
 
 GOAL_APPROX_RATIO = 1.05  # MARS-AdamW approx step / AdamW step
 GOAL_EXACT_RATIO = 2.05  # MARS-AdamW exact step / approx step
-OPTIMIZERS = ["adamw", "mars-adamw-approx-fp32", "mars-adamw-exact-fp32"]
+QUICK_OPTIMIZERS = ["adamw", "mars-adamw-approx-fp32", "mars-adamw-exact-fp32"]
+OPTIMIZERS = QUICK_OPTIMIZERS + ["mars-m-approx-fp32", "mars-m-efficient-fp32", "muon-fp32"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -78,7 +80,7 @@ def main(argv=None) -> None:
     report.select_platform(args.platform)
     from levanter_mars.bench import models
 
-    levanter_import = models.ensure_levanter_importable()  # before anything imports levanter_mars.optim
+    levanter_import = newer_jax.levanter_importable()  # before anything imports levanter_mars.optim
     import jax
     import jax.numpy as jnp
 
@@ -87,7 +89,7 @@ def main(argv=None) -> None:
     from levanter_mars.bench.timing import device_peak_bytes
 
     sizes = models.select_sizes(args.sizes or ("nano" if args.quick else "nano,bench"))
-    cases = opt.select(",".join(OPTIMIZERS), OPTIMIZERS)
+    cases = opt.select(None, QUICK_OPTIMIZERS if args.quick else OPTIMIZERS)
     repeats = args.repeats or (2 if args.quick else 5)
     machine = report.machine_description()
     report.log(report.describe_machine(machine))

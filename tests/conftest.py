@@ -90,6 +90,24 @@ def reference_runs(tmp_path_factory, pydocs_corpus):
 
 
 @pytest.fixture(scope="session")
+def pod_reference(tmp_path_factory, pydocs_corpus):
+    """The tiny config (approx, with the offline eval suite at the end) as a local pod of 2 processes x 2 simulated
+    devices started through the CLI (tests/helpers/pod.py): the reference of every multi-process test.
+
+    Returns ``(config_path, pod, paths)``.
+    """
+    from tests.helpers.evals import include_suite
+    from tests.helpers.pod import run_pod
+    from tests.helpers.training import run_paths, tiny_config
+
+    workdir = tmp_path_factory.mktemp("pod-reference")
+    config = include_suite(tiny_config(workdir, pydocs_corpus, "pod-approx"))
+    pod = run_pod(config, log_dir=workdir / "logs", name="pod-approx")
+    assert [p.returncode for p in pod.procs] == [0, 0], pod.describe()
+    return config, pod, run_paths(workdir, "pod-approx")
+
+
+@pytest.fixture(scope="session")
 def gcs():
     """A local GCS (gcp-storage-emulator on 127.0.0.1, in memory) for the whole session; see tests/helpers/gcs.py.
     Processes reach it through ``gcs.env`` only."""

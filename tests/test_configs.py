@@ -25,8 +25,10 @@ def test_the_recipe_configs_exist():
     names = {p.name for p in TRAIN_CONFIGS}
     for size in SIZES:
         assert f"gpt2_{size}_mars.yaml" in names and f"gpt2_{size}_adamw.yaml" in names
+        assert f"gpt2_{size}_mars_m.yaml" in names
     for example in ("exact", "lion", "shampoo"):
         assert f"gpt2_small_mars_{example}.yaml" in names
+    assert "gpt2_nano_mars_m.yaml" in names
     assert (CONFIG_DIR / "data" / "fineweb_edu.yaml").exists()
 
 
@@ -64,6 +66,33 @@ def test_paper_recipe(size):
     min_lr = {"small": 3e-5, "medium": 6e-5, "large": 1e-5, "xl": 1e-5}[size]
     assert mars.optimizer.learning_rate * mars.optimizer.min_lr_ratio == pytest.approx(min_lr)
     assert adamw.optimizer.learning_rate * adamw.optimizer.min_lr_ratio == pytest.approx(min_lr)
+
+
+@pytest.mark.parametrize("size", sorted(SIZES))
+def test_official_mars_m_recipe(size):
+    """AGI-Arena/MARS MARS_M/config/train_gpt2_<size>_mars_m.py, on the model and trainer of our MARS config."""
+    mars_m = _parse(CONFIG_DIR / f"gpt2_{size}_mars_m.yaml")
+    mars = _parse(CONFIG_DIR / f"gpt2_{size}_mars.yaml")
+    optimizer = mars_m.optimizer
+    assert type(optimizer).__name__ == "MarsMConfig"
+    assert optimizer.learning_rate == pytest.approx({"small": 6e-3, "medium": 5e-3, "large": 5e-3, "xl": 3e-3}[size])
+    min_lr = {"small": 3e-5, "medium": 6e-5, "large": 1e-5, "xl": 1e-5}[size]
+    assert optimizer.learning_rate * optimizer.min_lr_ratio == pytest.approx(min_lr, rel=1e-6)
+    assert (optimizer.weight_decay, optimizer.beta1, optimizer.gamma) == (1e-2, 0.95, 0.025)
+    assert (optimizer.beta1_adamw, optimizer.beta2_adamw, optimizer.ns_steps) == (0.9, 0.95, 5)
+    assert not optimizer.exact and not optimizer.efficient
+    assert optimizer.warmup == 2000 and optimizer.max_grad_norm == 1.0 and optimizer.lr_schedule == "cosine"
+    assert mars_m.model == mars.model and mars_m.trainer.num_train_steps == 100_000
+    assert mars_m.trainer.train_batch_size == mars.trainer.train_batch_size == 480
+    assert mars_m.trainer.id == f"gpt2-{size}-mars-m"
+
+
+def test_nano_mars_m_is_the_embedded_default_with_mars_m():
+    nano = _parse(CONFIG_DIR / "gpt2_nano_mars.yaml")
+    nano_m = _parse(CONFIG_DIR / "gpt2_nano_mars_m.yaml")
+    assert type(nano_m.optimizer).__name__ == "MarsMConfig"
+    assert nano_m.model == nano.model and nano_m.data == nano.data
+    assert nano_m.trainer.num_train_steps == nano.trainer.num_train_steps and nano_m.trainer.id != nano.trainer.id
 
 
 @pytest.mark.parametrize("size", sorted(SIZES))

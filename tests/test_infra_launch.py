@@ -7,7 +7,6 @@ import os
 import re
 import shlex
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,10 +16,11 @@ import yaml
 from levanter_mars.infra import host, launch, pod
 from levanter_mars.infra.config import SECRET_METADATA_PREFIX, LaunchError, RayLaunchConfig, parse_args
 from levanter_mars.infra.local_cluster import ray_start_args
-from levanter_mars.infra.local_node import LOCAL_SLICE_NAME, NODE_ENVIRONMENT
+from levanter_mars.infra.local_node import NODE_ENVIRONMENT
 from levanter_mars.infra.plan import prepare
 from levanter_mars.infra.ray_job import LOCAL_WORKER_HOOK, build_job
 from levanter_mars.infra.slices import head_resource, slice_type
+from tests.helpers.ray_launch import ContactError, contact_nothing, dry_run  # noqa: F401 - an autouse fixture
 from tests.helpers.training import tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,35 +32,6 @@ CLUSTER_TPU_TYPES = sorted(
 )
 SMALL = "config/gpt2_small_mars.yaml"
 BUCKET = ["--trainer.checkpointer.base_path", "gs://test-bucket/ckpt", "--data.cache_dir", "gs://test-bucket/tok"]
-
-
-class ContactError(AssertionError):
-    pass
-
-
-@pytest.fixture(autouse=True)
-def contact_nothing(monkeypatch):
-    """A dry run must not open a socket (not even to 127.0.0.1), start a process, or touch Ray."""
-    import ray
-    import ray.job_submission
-
-    def refuse(*args, **kwargs):
-        raise ContactError(f"contacted something: {args!r}")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
-    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
-    monkeypatch.setattr(ray, "init", refuse)
-    monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", refuse)
-    monkeypatch.chdir(REPO)
-
-
-def dry_run(capsys, *argv):
-    code = launch.cli(["--dry_run", *argv])
-    out, err = capsys.readouterr()
-    assert code == 0, err
-    plan, config = yaml.safe_load_all(out)
-    return plan, config, out
 
 
 def test_the_guard_catches_contact():
@@ -258,6 +229,15 @@ def test_the_configs_document_single_and_multi_slice_launches():
         (["--config_path", "/etc/hostname", "--tpu_type", "v4-8"], "--config_path '/etc/hostname' is outside"),
         (["--config_path", "config/nope.yaml", "--tpu_type", "cpu"], "--config_path: no such file"),
         (["--tpu_type", "v4-8"], "--config_path is required"),
+        (["--config_path", "config/gpt2_tiny_mars.yaml", "--tpu_type", "cpu", "--num_hosts", "3"], "--num_hosts 3"),
+        (
+            ["--config_path", "config/gpt2_tiny_mars.yaml", "--tpu_type", "cpu", "--devices_per_host", "0"],
+            "--devices_per_host must be >= 1",
+        ),
+        (
+            ["--config_path", SMALL, "--tpu_type", "v4-8", "--num_hosts", "2", "--", *BUCKET],
+            "--num_hosts and --devices_per_host are for --tpu_type cpu",
+        ),
         (["--config_path", SMALL, "--tpu_type", "v4-8", "--retries", "-1"], "--retries must be >= 0"),
     ],
 )
@@ -278,15 +258,6 @@ def test_readme_local_ray_start_is_the_one_the_engine_checks_for():
     env = dict(t.split("=", 1) for t in tokens[: tokens.index("ray")])
     assert env == NODE_ENVIRONMENT
     assert tokens[tokens.index("ray") :] == ray_start_args()
-
-
-def test_local_engine_refuses_a_cluster_that_would_leave_it_waiting():
-    started_right = {"TPU-cpu-head": 1, LOCAL_SLICE_NAME: 1, "TPU": 4, "CPU": 9, "memory": 21e9}
-    pod.check_local_cluster(started_right, chips=4)
-    plain_ray_start = {"CPU": 2, "memory": 15e9, "node:127.0.0.1": 1}
-    with pytest.raises(LaunchError) as error:
-        pod.check_local_cluster(plain_ray_start, chips=4)
-    assert "TPU-cpu-head" in str(error.value) and "ray start --head" in str(error.value)
 
 
 def test_driver_takes_credentials_out_of_its_job_config():

@@ -15,6 +15,8 @@ from levanter_mars.optim import mars
 
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "data" / "golden_mars"
 CASES = sorted(p.stem for p in GOLDEN_DIR.glob("*.npz"))
+MARS_M_GOLDEN_DIR = GOLDEN_DIR.with_name("golden_mars_m")
+MARS_M_CASES = sorted(p.stem for p in MARS_M_GOLDEN_DIR.glob("*.npz"))
 
 
 @dataclass
@@ -57,8 +59,8 @@ class GoldenCase:
         return kwargs
 
 
-def load_case(name: str) -> GoldenCase:
-    with np.load(GOLDEN_DIR / f"{name}.npz") as npz:
+def load_case(name: str, directory: Path = GOLDEN_DIR) -> GoldenCase:
+    with np.load(directory / f"{name}.npz") as npz:
         data = {k: npz[k] for k in npz.files}
     return GoldenCase(name, json.loads(str(data.pop("meta"))), data)
 

@@ -1,7 +1,8 @@
-"""Runs MARS on 1 device and on an 8-device FSDP x TP mesh and prints a JSON comparison.
+"""Runs MARS (or, with the argument ``mars_m``, MARS-M) on 1 device and on an 8-device FSDP x TP mesh and prints a
+JSON comparison.
 
 Run in a fresh process: XLA_FLAGS=--xla_force_host_platform_device_count=8 must be set before jax is imported,
-which tests/test_sharding.py does.
+which tests/test_sharding.py and tests/test_mars_m_sharding.py do.
 """
 
 import json
@@ -17,7 +18,7 @@ from haliax.partitioning import ResourceAxis
 from jax.sharding import Mesh
 from levanter.models.gpt2 import Gpt2Config
 
-from levanter_mars.optim import ScaleByMarsState, mars
+from levanter_mars.optim import ScaleByMarsState, mars, mars_m
 
 MAPPING = {"embed": ResourceAxis.DATA, "mlp": ResourceAxis.MODEL, "heads": ResourceAxis.MODEL}
 STEPS = int(__import__("os").environ.get("MARS_STEPS", 3))
@@ -74,14 +75,23 @@ def main():
     params = build_params()
     mesh = Mesh(np.array(jax.devices()).reshape(4, 2), (ResourceAxis.DATA, ResourceAxis.MODEL))
     results = {}
+    family = sys.argv[1] if len(sys.argv) > 1 else "mars"
+    optimizer = {"mars": mars, "mars_m": mars_m}[family]
     cases = {
-        "adamw": dict(variant="adamw", weight_decay=0.01),
-        "adamw_exact": dict(variant="adamw", exact=True, weight_decay=0.01),
-        "lion": dict(variant="lion", weight_decay=0.01),
-        "shampoo": dict(variant="shampoo", weight_decay=0.01),
-    }
+        "mars": {
+            "adamw": dict(variant="adamw", weight_decay=0.01),
+            "adamw_exact": dict(variant="adamw", exact=True, weight_decay=0.01),
+            "lion": dict(variant="lion", weight_decay=0.01),
+            "shampoo": dict(variant="shampoo", weight_decay=0.01),
+        },
+        "mars_m": {
+            "approx": dict(weight_decay=0.01),
+            "exact": dict(exact=True, weight_decay=0.01),
+            "efficient": dict(efficient=True, weight_decay=0.01),
+        },
+    }[family]
     for name, kwargs in cases.items():
-        tx = mars(1e-2, max_grad_norm=1.0, **kwargs)
+        tx = optimizer(1e-2, max_grad_norm=1.0, **kwargs)
         single, _ = run(tx, params, sharded=False)
         with hax.partitioning.set_mesh(mesh), hax.axis_mapping(MAPPING):
             multi, state = run(tx, params, sharded=True)

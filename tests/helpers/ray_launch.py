@@ -1,9 +1,11 @@
-"""Running the launcher against a local Ray cluster, and finding the processes it starts, for end-to-end tests."""
+"""Running the launcher: dry runs that must contact nothing, and runs against a local Ray cluster with the processes
+they start, for end-to-end tests."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -11,10 +13,45 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Optional
 
 import psutil
+import pytest
+import yaml
 
 from tests.helpers.training import REPO
 
 TRAIN_MODULE = "levanter_mars.main.train_lm"
+
+
+class ContactError(AssertionError):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def contact_nothing(monkeypatch):
+    """A dry run must not open a socket (not even to 127.0.0.1), start a process, or touch Ray. Autouse in every
+    test module that imports it."""
+    import ray
+    import ray.job_submission
+
+    def refuse(*args, **kwargs):
+        raise ContactError(f"contacted something: {args!r}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", refuse)
+    monkeypatch.chdir(REPO)
+
+
+def dry_run(capsys, *argv):
+    """``launch --dry_run argv``: returns the plan, the resolved training config and the whole output."""
+    from levanter_mars.infra import launch
+
+    code = launch.cli(["--dry_run", *argv])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    plan, config = yaml.safe_load_all(out)
+    return plan, config, out
 
 
 def launcher_command(config_path: Path, *flags: str) -> list[str]:
@@ -58,6 +95,21 @@ def training_process(config_path: Path) -> Optional[psutil.Process]:
         if TRAIN_MODULE in cmdline and str(config_path) in cmdline:
             return proc
     return None
+
+
+def training_processes(config_path: Path) -> list[psutil.Process]:
+    """The training processes of the run of ``config_path`` on every host of a local pod, by process id."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if TRAIN_MODULE in cmdline and str(config_path) in cmdline:
+            found.append((process_id(cmdline), proc))
+    return [proc for _, proc in sorted(found, key=lambda pair: pair[0])]
+
+
+def process_id(cmdline: list[str]) -> int:
+    flag = "--trainer.distributed.process_id"
+    return int(cmdline[cmdline.index(flag) + 1]) if flag in cmdline else 0
 
 
 def wait_for(condition: Callable[[], object], timeout: float = 300, poll: float = 0.05, what: str = "condition"):

@@ -46,6 +46,12 @@ SWEEP: tuple[OptimizerSpec, ...] = (
     OptimizerSpec("mars-adamw-exact", {"type": "mars-adamw", "exact": True}, ADAMW_GRID),
     OptimizerSpec("mars-lion", {"type": "mars-lion"}, (2e-4, 6e-4, 1.8e-3)),
     OptimizerSpec("mars-shampoo", {"type": "mars-shampoo"}, (6e-3, 1.8e-2, 5.4e-2)),
+    # MARS-M scales its Newton-Schulz direction to AdamW's RMS, so it shares AdamW's learning rate and grid.
+    OptimizerSpec("mars-m", {"type": "mars-m"}, ADAMW_GRID),
+    OptimizerSpec("mars-m-efficient", {"type": "mars-m", "efficient": True}, ADAMW_GRID),
+    # The Muon baseline: MARS-M-efficient with gamma = 0 is Moonlight's Muon without Nesterov (NS5 of the plain
+    # momentum, the same 0.2 sqrt(max(rows, cols)) scale, AdamW for embeddings and 1-D tensors), and its state.
+    OptimizerSpec("muon", {"type": "mars-m", "efficient": True, "gamma": 0.0}, ADAMW_GRID),
 )
 BASELINE = "adamw"
 MAIN_CONTENDER = "mars-adamw"

@@ -1,19 +1,15 @@
 """GPT-2 parameter trees and a train-step loss for the speed benchmarks, built from the repository's configs.
 
 Levanter is imported for its GPT-2 model only. When ``import levanter`` fails (its package ``__init__`` imports every
-subsystem: Ray, TensorStore, lm-eval, ...; a GPU image may lack one), the model modules are imported without it,
-which needs only haliax, equinox, transformers and the like. The loss is written here, not taken from Levanter: the
-pinned Levanter's loss passes a float ``where=`` mask that jax >= 0.8 rejects (upstream defect 7 in
+subsystem: Ray, TensorStore, lm-eval, ...; a GPU image may lack one), the model modules are imported without it
+(defects 24 and 25 in ``levanter_mars.compat``). The loss is written here, not taken from Levanter: the
+pinned Levanter's loss passes a float ``where=`` mask that jax >= 0.8 rejects (defect 7 in
 ``levanter_mars.compat``), and the benchmarks must also run on newer jax.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
-import sys
-import types
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +17,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import yaml
+
+from levanter_mars.compat import newer_jax
 
 REPO = Path(__file__).resolve().parents[3]
 CONFIG_DIR = REPO / "config"
@@ -58,42 +56,6 @@ def select_sizes(names: str) -> list[ModelSize]:
     return [SIZES[n] for n in wanted]
 
 
-def _drop_levanter_modules() -> None:
-    for name in [m for m in sys.modules if m == "levanter" or m.startswith("levanter.")]:
-        del sys.modules[name]
-
-
-def restore_jax_names_haliax_uses() -> None:
-    """Pinned haliax (1.4.dev453) calls ``jax.core.is_constant_dim`` in ``hax.dot``, which jax removed in 0.11; the
-    function still exists as ``jax._src.core.is_constant_dim``. For the benchmarks only (the GPU image has jax 0.11),
-    the public name is put back when missing; with the pinned jax 0.7.2 this does nothing."""
-    import jax.core
-
-    if not hasattr(jax.core, "is_constant_dim"):
-        from jax._src import core as jax_core
-
-        jax.core.is_constant_dim = jax_core.is_constant_dim
-
-
-def ensure_levanter_importable() -> str:
-    """Makes ``levanter.<submodule>`` importable; returns ``"full"`` or ``"models only"`` (package init skipped)."""
-    restore_jax_names_haliax_uses()
-    try:
-        importlib.import_module("levanter")
-        return "full"
-    except ImportError:
-        _drop_levanter_modules()
-    spec = importlib.util.find_spec("levanter")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("levanter is not installed")
-    package = types.ModuleType("levanter")
-    package.__path__ = list(spec.submodule_search_locations)
-    package.__spec__ = spec
-    package.__file__ = spec.origin
-    sys.modules["levanter"] = package
-    return "models only"
-
-
 def _yaml_loader() -> type:
     class Loader(yaml.SafeLoader):
         pass
@@ -105,7 +67,7 @@ def _yaml_loader() -> type:
 
 def gpt2_config(size: ModelSize) -> Any:
     """Levanter's ``Gpt2Config`` with the ``model:`` section of ``config/<size.config_file>``."""
-    ensure_levanter_importable()
+    newer_jax.levanter_importable()
     from levanter.models.gpt2 import Gpt2Config
 
     model = yaml.load((CONFIG_DIR / size.config_file).read_text(), Loader=_yaml_loader())["model"]
@@ -115,7 +77,7 @@ def gpt2_config(size: ModelSize) -> Any:
 
 def init_gpt2(size: ModelSize, *, seed: int = 0) -> tuple[Any, Any]:
     """``(model, config)``: Levanter's ``Gpt2LMHeadModel`` (layers stacked), initialized on the default device."""
-    ensure_levanter_importable()
+    newer_jax.levanter_importable()
     import haliax as hax
     from levanter.models.gpt2 import Gpt2LMHeadModel
 

@@ -4,6 +4,9 @@
 * ``levanter-mars``: Levanter's own ``MarsConfig`` (approx only, one global clip).
 * ``mars-<variant>-<approx|exact>-<fp32|bf16>``: ours, :func:`levanter_mars.optim.mars`, with the paper's
   hyperparameters, the global clip at 1.0 and ``mu_dtype``/``prev_dtype`` in fp32 or bf16 (nu stays fp32).
+* ``mars-m-<approx|exact|efficient>-fp32``: :func:`levanter_mars.optim.mars_m` with the official GPT-2 small recipe.
+* ``muon-fp32``: the Muon baseline, ``mars_m(gamma=0, efficient=True)``: Moonlight's Muon without Nesterov (NS5 of
+  the momentum for Linear weights, AdamW for embeddings, the head and 1-D tensors), with Muon's state.
 
 All use a constant learning rate, so no schedule is timed.
 """
@@ -14,7 +17,6 @@ import contextlib
 import dataclasses
 from typing import Any, Callable, Iterator, Optional
 
-import jax
 import jax.numpy as jnp
 import optax
 
@@ -66,6 +68,19 @@ def _ours(variant: str, exact: bool, dtype: Any) -> Callable[[], optax.GradientT
     return build
 
 
+MARS_M_MODES = {"approx": {}, "exact": {"exact": True}, "efficient": {"efficient": True}}
+MUON = "muon-fp32"
+
+
+def _mars_m(**mode: Any) -> Callable[[], optax.GradientTransformation]:
+    def build() -> optax.GradientTransformation:
+        from levanter_mars.optim import mars_m
+
+        return mars_m(6e-3, weight_decay=0.01, max_grad_norm=1.0, **mode)
+
+    return build
+
+
 def ours_name(variant: str, exact: bool, dtype_name: str) -> str:
     return f"mars-{variant}-{'exact' if exact else 'approx'}-{dtype_name}"
 
@@ -87,6 +102,17 @@ def all_cases() -> list[OptimizerCase]:
                         f"mu_dtype=prev_dtype={dtype_name})",
                     )
                 )
+    for mode, kwargs in MARS_M_MODES.items():
+        cases.append(
+            OptimizerCase(
+                f"mars-m-{mode}-fp32", _mars_m(**kwargs), exact=mode == "exact",
+                description=f"levanter_mars.optim.mars_m({', '.join(f'{k}=True' for k in kwargs)})",
+            )
+        )
+    cases.append(
+        OptimizerCase(MUON, _mars_m(efficient=True, gamma=0.0),
+                      description="Muon: levanter_mars.optim.mars_m(gamma=0, efficient=True)")
+    )
     return cases
 
 

@@ -42,8 +42,21 @@ Levanter 1.2.dev1644:
     first in a pack is scored at shifted positions by a model with absolute position embeddings), splits context and
     continuation otherwise than lm-eval, and truncates a long request to one token less than lm-eval's ``hf``
     backend: :func:`lm_eval_scoring.score_as_lm_eval` (entered by :func:`lm_eval_harness.run_eval_harness`).
+22. On more than one process, the eval harness's ``broadcast_shard`` (process 0 sending each message and batch to the
+    other processes) fails under ``jax.set_mesh``, which Levanter's trainer enters: ``jnp`` inputs come out replicated
+    over the whole, not fully addressable, mesh: :func:`lm_eval_harness.broadcasts_across_processes`.
+
+24, 25. Newer jax than pinned, for the benchmarks' GPU image: :mod:`newer_jax`.
+26. Ray's job config reaches the driver through an environment variable named only privately: :mod:`ray_jobs`.
+27. A task that fails to load is not named in Levanter's error (lm-eval pops its name first):
+    :class:`lm_eval_harness.TaskErrorsNamed`.
 
 Other pinned dependencies:
+
+23. Ray 2.60's ``ray start --address`` refuses to add a node while ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, the one
+    setting that keeps every listener on 127.0.0.1, so a local pod cannot have one Ray node per simulated host:
+    ``python -m levanter_mars.compat.ray_local_nodes`` (reproduced in ``tests/test_infra_local_ray.py``, which needs
+    a Ray cluster).
 
 16. ``datasets`` sends a HEAD request to s3.amazonaws.com for every load of a packaged builder unless
     ``HF_HUB_OFFLINE`` is set: :func:`lm_eval_harness.no_datasets_download_counts`.

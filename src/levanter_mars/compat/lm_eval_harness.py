@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Iterator
+
+from levanter.eval_harness import LmEvalHarnessConfig
 
 from levanter_mars.compat.lm_eval_scoring import score_as_lm_eval
 from levanter_mars.compat.patching import patched
@@ -33,7 +36,7 @@ def run_eval_harness(config, model, tasks, tokenizer, EvalBatch, axis_resources,
     Returns the outputs on process 0, None elsewhere."""
     import levanter.eval_harness
 
-    with eval_harness_on_mesh(), score_as_lm_eval():
+    with eval_harness_on_mesh(), broadcasts_across_processes(), score_as_lm_eval():
         return levanter.eval_harness._actually_run_eval_harness(
             config, model, tasks, tokenizer, EvalBatch, axis_resources, mp
         )
@@ -56,6 +59,46 @@ def eval_harness_on_mesh() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def legacy_mesh_context() -> Iterator[None]:
+    """The current ``jax.set_mesh`` mesh, entered the pre-``set_mesh`` way (``with mesh:``): Levanter's helpers still
+    find it, but ``jnp`` results stay on this process's devices instead of being replicated over the whole mesh."""
+    from jax._src import config
+    from jax._src.mesh import get_concrete_mesh
+
+    mesh = get_concrete_mesh()
+    unset = config.config_ext.unset
+    previous_abstract = config.abstract_mesh_context_manager.swap_local(unset)
+    previous_devices = config.device_context.swap_local(unset)
+    try:
+        with mesh:
+            yield
+    finally:
+        config.abstract_mesh_context_manager.set_local(previous_abstract)
+        config.device_context.set_local(previous_devices)
+
+
+@contextlib.contextmanager
+def broadcasts_across_processes() -> Iterator[None]:
+    """Defect 22. Levanter's ``broadcast_shard`` (how process 0 sends the other processes each eval message and
+    batch) builds its per-device inputs with ``jnp`` ops; under ``jax.set_mesh`` those are replicated over the whole
+    mesh, which with more than one process is not addressable, and ``make_array_from_callback`` refuses them
+    ("device_put's first argument must be a fully addressable array"). With one process nothing changes."""
+    import jax
+    import levanter.eval_harness
+
+    original = levanter.eval_harness.broadcast_shard
+
+    def broadcast_shard(x, out_axis_specs, source: int = 0):
+        if jax.process_count() == 1:
+            return original(x, out_axis_specs, source)
+        with legacy_mesh_context():
+            return original(x, out_axis_specs, source)
+
+    with patched(levanter.eval_harness, broadcast_shard=broadcast_shard):
+        yield
+
+
+@contextlib.contextmanager
 def no_datasets_download_counts() -> Iterator[None]:
     """Defect 16. Keeps ``datasets`` from reporting loads of its packaged builders to Hugging Face.
 
@@ -66,3 +109,18 @@ def no_datasets_download_counts() -> Iterator[None]:
 
     with patched(datasets.config, HF_UPDATE_DOWNLOAD_COUNTS=False):
         yield
+
+
+FAILED_TO_LOAD = "Failed to load task "
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskErrorsNamed(LmEvalHarnessConfig):
+    """Defect 27. lm-eval pops ``task`` from a dict entry while loading it, so Levanter's error for a task that fails
+    to load does not name it; this config's error does (``FAILED_TO_LOAD`` + name), with the cause attached."""
+
+    def _get_task_and_rename(self, manager, our_name, task):
+        try:
+            return super()._get_task_and_rename(manager, our_name, task)
+        except Exception as e:  # noqa: BLE001 - reported with the task's name, cause attached
+            raise ValueError(f"{FAILED_TO_LOAD}{our_name}") from e

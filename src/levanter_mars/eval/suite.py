@@ -22,8 +22,8 @@ from typing import Any, Iterable, Optional
 import yaml
 from levanter.eval_harness import LmEvalHarnessConfig
 
-from levanter_mars.eval.report import TableColumn
 from levanter_mars.compat import lm_eval_harness
+from levanter_mars.eval.report import TableColumn
 
 _YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -37,7 +37,7 @@ class EvalDatasetError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class EvalSuiteConfig(LmEvalHarnessConfig):
+class EvalSuiteConfig(lm_eval_harness.TaskErrorsNamed):
     include_path: list[str] = field(default_factory=list)
     """Directories of local lm-eval task YAMLs, whose tasks can then be named in ``task_spec``. Relative paths are
     relative to the working directory, like lm-eval's ``dataset_kwargs.data_files``."""
@@ -62,15 +62,8 @@ class EvalSuiteConfig(LmEvalHarnessConfig):
             except ValueError as e:
                 raise _dataset_error(e) or e
 
-    def _get_task_and_rename(self, manager, our_name, task):
-        # lm-eval pops "task" from a dict entry while loading it, so Levanter's error would not name the task.
-        try:
-            return super()._get_task_and_rename(manager, our_name, task)
-        except Exception as e:  # noqa: BLE001 - reported with the task's name, cause attached
-            raise ValueError(f"{_FAILED_TO_LOAD}{our_name}") from e
 
-
-_FAILED_TO_LOAD = "Failed to load task "
+_FAILED_TO_LOAD = lm_eval_harness.FAILED_TO_LOAD
 
 
 def _unique(items: Iterable[str]) -> list[str]:

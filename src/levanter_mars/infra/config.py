@@ -50,12 +50,20 @@ class RayLaunchConfig(JobConfig):
     """``python -m levanter_mars.infra.launch``: submit the run as a Ray job."""
 
     address: Optional[str] = None
-    """Ray dashboard address (``http://127.0.0.1:8265``). Default: ``$RAY_ADDRESS``, else http://127.0.0.1:8265."""
+    """Ray dashboard address (``http://127.0.0.1:8265``). Default: ``$RAY_ADDRESS``, else http://127.0.0.1:8265;
+    for ``--tpu_type cpu``, else a private cluster on 127.0.0.1 that lives as long as this command."""
     follow: bool = True
-    """Stream the job's log until it ends and exit with its status; otherwise print how to watch it and return."""
+    """Stream the job's log until it ends and exit with its status; otherwise print how to watch it and return
+    (not on a private local cluster, which lives as long as this command)."""
     working_dir: str = "."
     """Shipped to the cluster with the job (TPU types): the code and configs the hosts run. The local engine runs
     in this directory directly, so relative paths in the config (checkpoints, logs) land where you expect."""
+    num_hosts: int = 1
+    """``--tpu_type cpu`` only: training processes of the local pod (1, 2, 4 or 8), one per simulated host, joined
+    by ``jax.distributed`` as a TPU slice's hosts are."""
+    devices_per_host: Optional[int] = None
+    """``--tpu_type cpu`` only: simulated CPU devices of each host. Default: what this shell's XLA_FLAGS
+    (``--xla_force_host_platform_device_count``) give one process, else 1."""
 
 
 ConfigT = TypeVar("ConfigT", bound=JobConfig)

@@ -5,20 +5,49 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
 from levanter_mars.infra.local_node import without_node_environment
 
 TRAIN_MODULE = "levanter_mars.main.train_lm"
 _PR_SET_PDEATHSIG = 1
+_DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
 
 class TrainingProcessError(RuntimeError):
     """The training program ended non-zero on a host: a failure (not a preemption) for ``run_on_pod``."""
+
+
+@dataclass(frozen=True)
+class LocalHost:
+    """How a host of the local pod differs from a TPU host: its simulated devices, and (with more than one host)
+    the ``jax.distributed`` flags a TPU pod would detect by itself."""
+
+    num_hosts: int
+    devices_per_host: int
+    rendezvous: Optional[str] = None
+    """Name of the job's :class:`~levanter_mars.infra.rendezvous.Rendezvous` actor (more than one host)."""
+
+
+def distributed_flags(num_processes: int, process_id: int | str, port: int | str) -> list[str]:
+    """Levanter's own flags, as every host of the local pod gets them."""
+    return [
+        "--trainer.distributed.coordinator_address", f"127.0.0.1:{port}",
+        "--trainer.distributed.num_processes", str(num_processes),
+        "--trainer.distributed.process_id", str(process_id),
+    ]  # fmt: skip
+
+
+def with_device_count(xla_flags: str, devices: int) -> str:
+    """``xla_flags`` with its simulated CPU device count set to ``devices`` (other flags kept)."""
+    kept = re.sub(rf"\s*{_DEVICE_COUNT_FLAG}=\S*", "", xla_flags).strip()
+    return f"{kept} {_DEVICE_COUNT_FLAG}={devices}".strip()
 
 
 def _die_with_parent() -> None:
@@ -34,13 +63,34 @@ def training_environment(environ: Mapping[str, str], secrets: Mapping[str, str],
     return env
 
 
-def run_host(train_argv: Sequence[str], workdir: Optional[str], local: bool, secrets: Mapping[str, str]) -> dict:
+def local_host_setup(local: LocalHost, environ: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The extra training flags and environment of this host of the local pod. With several hosts, this blocks
+    until every host of the attempt has asked (the rendezvous hands them all the same fresh coordinator port)."""
+    env = {"XLA_FLAGS": with_device_count(environ.get("XLA_FLAGS", ""), local.devices_per_host)}
+    if local.num_hosts == 1:
+        return [], env
+    from levanter_mars.infra.rendezvous import coordinator_port
+
+    worker_id = int(environ["TPU_WORKER_ID"])  # this node's place in the slice, as Levanter's scheduler reads it
+    port = coordinator_port(local.rendezvous, worker_id)
+    return distributed_flags(local.num_hosts, worker_id, port), env
+
+
+def run_host(
+    train_argv: Sequence[str], workdir: Optional[str], local: Optional[LocalHost], secrets: Mapping[str, str]
+) -> dict:
     """Runs the training program to completion. Raises TrainingProcessError if it fails or is killed."""
     host = socket.gethostname()
+    env = training_environment(os.environ, secrets, local is not None)
+    argv = list(train_argv)
+    if local is not None:
+        flags, extra_env = local_host_setup(local, os.environ)
+        argv += flags
+        env.update(extra_env)
     proc = subprocess.Popen(
-        [sys.executable, "-m", TRAIN_MODULE, *train_argv],
+        [sys.executable, "-m", TRAIN_MODULE, *argv],
         cwd=workdir or os.getcwd(),
-        env=training_environment(os.environ, secrets, local),
+        env=env,
         preexec_fn=_die_with_parent,
     )
     try:
@@ -56,7 +106,7 @@ def run_host(train_argv: Sequence[str], workdir: Optional[str], local: bool, sec
 
 
 def host_task(
-    train_argv: Sequence[str], workdir: Optional[str], local: bool, secrets: Mapping[str, str]
+    train_argv: Sequence[str], workdir: Optional[str], local: Optional[LocalHost], secrets: Mapping[str, str]
 ) -> Callable[[], dict]:
     """The no-argument function ``run_on_pod`` runs on every host. The credentials ride in the closure (pickled
     into the Ray head's memory), not in a runtime environment, which Ray would write to its logs."""

@@ -2,41 +2,50 @@
 [--retries K] [--preemption_retries P] [--address http://...] [--dry_run] [-- training overrides]``
 
 Submits the run as a Ray job (one training process per TPU host, restarted after preemptions and failures) and
-follows its log. ``--tpu_type cpu`` runs it on a local Ray cluster (see ``local_cluster.py``). See infra/README.md.
+follows its log. ``--tpu_type cpu [--num_hosts N --devices_per_host D]`` runs it as a local pod on this machine:
+on the Ray cluster ``--address`` (or ``$RAY_ADDRESS``) names, else on a private one started on 127.0.0.1 for this
+command and stopped when it ends (see ``local_cluster.py``). See infra/README.md.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import sys
 from typing import Optional, Sequence
 
-from levanter_mars.infra.config import LaunchError, RayLaunchConfig
-from levanter_mars.infra.plan import prepare_cli
-from levanter_mars.infra.ray_job import build_job, follow, how_to_watch, resolve_address, submit
+from levanter_mars.infra.config import LaunchError, RayLaunchConfig, parse_args
+from levanter_mars.infra.local_node import LOCAL_SLICE
+
+# Light imports only above this line: Ray reads its authentication mode once, when it is imported, and a private
+# cluster's client must be in token mode by then (see cli). plan and ray_job import Levanter, and so Ray.
+
+PRIVATE_CLUSTER = "a private Ray cluster on 127.0.0.1, started for this command and stopped when it ends"
 
 
-def cli(argv: Optional[Sequence[str]] = None) -> int:
-    prepared = prepare_cli(sys.argv[1:] if argv is None else list(argv), RayLaunchConfig)
-    if isinstance(prepared, int):
-        return prepared
-    launch, run = prepared
-    job = build_job(run, launch)
-    address = resolve_address(launch.address)
-    if launch.dry_run:
-        print(run.report({"address": address, "ray_job": job.printable()}))
-        return 0
+def wants_private_cluster(launch: RayLaunchConfig, environ=os.environ) -> bool:
+    return launch.tpu_type == LOCAL_SLICE and not launch.address and not environ.get("RAY_ADDRESS")
+
+
+def run_job(job, address: str, launch: RayLaunchConfig, label: str, private: bool = False) -> int:
+    """Submits ``job`` and (unless ``--follow false``) streams its log; returns the launcher's exit code."""
+    from levanter_mars.infra.ray_job import follow, how_to_watch, submit
+
     try:
         submission = submit(job, address)
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"submitted Ray job {submission} to {address} (run {run.run_id}, {run.slice.name} x {run.job.num_slices})")
-    if not launch.follow:
+    print(f"submitted Ray job {submission} to {address} ({label})")
+    if not launch.follow and not private:
         print(how_to_watch(submission, address))
         return 0
     try:
         status = follow(submission, address)
     except KeyboardInterrupt:
+        if private:
+            raise  # the private cluster, and the job with it, is stopped on the way out
         print(f"\nstopped following; the job goes on:\n{how_to_watch(submission, address)}", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - a dropped log stream (tunnel closed, laptop asleep) ends only the watching
@@ -45,6 +54,85 @@ def cli(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     print(f"Ray job {submission}: {status}")
     return 0 if status == "SUCCEEDED" else 1
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def run_on_private_cluster(job, launch: RayLaunchConfig, hosts: int, label: str, temp_dir: str) -> int:
+    """Starts a local Ray cluster of ``hosts`` nodes in ``temp_dir``, runs the job on it, and stops it (also after
+    an error, Ctrl-C or SIGTERM): the local pod as one command."""
+    from levanter_mars.infra.local_cluster import LocalRayCluster
+
+    print(f"starting {PRIVATE_CLUSTER} ({hosts} host(s)) in {temp_dir}", flush=True)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    cluster, code = None, 1
+    try:
+        cluster = LocalRayCluster.start(temp_dir, num_hosts=hosts)
+        code = run_job(job, cluster.address, launch, label, private=True)
+    except KeyboardInterrupt:
+        print("\ninterrupted: stopping the private Ray cluster and the run on it", file=sys.stderr)
+        code = 130
+    except RuntimeError as e:  # ray start failed
+        print(f"error: {e}", file=sys.stderr)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the cleanup
+        try:
+            if cluster is not None:
+                cluster.stop()
+            if code == 0:
+                shutil.rmtree(temp_dir, ignore_errors=True)
+            else:
+                print(f"Ray's logs of the run are kept in {temp_dir}", file=sys.stderr)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    return code
+
+
+def _client_of_private_cluster(environ=os.environ) -> str:
+    """Makes this process a client of the private cluster about to start in the returned directory. Must run before
+    Ray is imported (it reads the authentication mode then)."""
+    from levanter_mars.infra.local_node import client_environment, new_temp_dir
+
+    if "ray" in sys.modules:
+        raise LaunchError("internal: Ray was imported before the launcher could set up its private cluster's client")
+    temp_dir = new_temp_dir()
+    environ.update(client_environment(temp_dir))
+    return temp_dir
+
+
+def cli(argv: Optional[Sequence[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    temp_dir = None
+    try:
+        launch, _ = parse_args(argv, RayLaunchConfig)
+        if not launch.dry_run and wants_private_cluster(launch):
+            temp_dir = _client_of_private_cluster()
+    except LaunchError:
+        pass  # prepare_cli reports it
+
+    from levanter_mars.infra.plan import prepare_cli
+    from levanter_mars.infra.ray_job import build_job, resolve_address
+
+    prepared = prepare_cli(argv, RayLaunchConfig)
+    if isinstance(prepared, int):
+        if temp_dir:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+        return prepared
+    launch, run = prepared
+    job = build_job(run, launch)
+    address = PRIVATE_CLUSTER if temp_dir or (launch.dry_run and wants_private_cluster(launch)) else None
+    address = address or resolve_address(launch.address)
+    if launch.dry_run:
+        print(run.report({"address": address, "ray_job": job.printable()}))
+        return 0
+    label = f"run {run.run_id}, {run.slice.name} x {run.job.num_slices}"
+    if run.slice.is_local:
+        label += f", {run.slice.hosts} host(s) x {run.slice.devices_per_host} device(s)"
+    if temp_dir:
+        return run_on_private_cluster(job, launch, run.slice.hosts, label, temp_dir)
+    return run_job(job, address, launch, label)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,21 @@
-"""The local engine: a one-node Ray cluster on this machine, bound to 127.0.0.1, that runs ``--tpu_type cpu`` jobs
-through exactly the code path a TPU pod uses (Levanter's ``run_on_pod``).
+"""The local engine: a Ray cluster on this machine, bound to 127.0.0.1, that runs ``--tpu_type cpu`` jobs through
+exactly the code path a TPU pod uses (Levanter's ``run_on_pod``), with one Ray node per simulated host.
 
-The node poses as worker 0 of a one-host slice: the ``TPU_*`` variables Ray reads on GKE name it, so neither Ray
-nor Levanter asks the GCE metadata server anything, and it offers the resources Levanter's scheduler requests
-(``TPU-cpu-head`` for the slice, ``TPU`` chips, 8 CPUs and 20 GB per host task: logical amounts, not a promise of
-hardware). Ray's own traps on such a machine are handled here: ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps every
-listener on 127.0.0.1, the dashboard's cloud probes and usage ping go to a closed loopback port (``local_node.py``),
-and token authentication is on, with the mode set the same way for the node and its clients.
+Node ``i`` poses as worker ``i`` of a v4 slice with as many hosts (the ``TPU_*`` variables Ray reads on GKE name it,
+see ``local_node.py``), so neither Ray nor Levanter asks the GCE metadata server anything, and it offers the
+resources Levanter's scheduler requests (``TPU-cpu-head`` on node 0 for the slice, ``TPU`` chips, 8 CPUs and 20 GB
+per host task: logical amounts, not a promise of hardware). Ray's own traps on such a machine are handled here:
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps every listener on 127.0.0.1, the dashboard's cloud probes and usage
+ping go to a closed loopback port (``local_node.py``), and token authentication is on, with the mode set the same
+way for the nodes and their clients.
 
-``python -m levanter_mars.infra.local_cluster start|stop|env [--temp_dir DIR]``. ``stop`` ends only the processes of
-the cluster in DIR (never ``ray stop``, which ends every Ray on the machine).
+``python -m levanter_mars.infra.local_cluster start|stop|env [--temp_dir DIR] [--num_hosts N]``. ``stop`` ends only
+the processes of the cluster in DIR (never ``ray stop``, which ends every Ray on the machine).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -21,23 +23,28 @@ import shlex
 import socket
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from levanter_mars.infra.local_node import NODE_ENVIRONMENT
-from levanter_mars.infra.slices import HOST_TASK_CPUS, HOST_TASK_MEMORY_BYTES, LOCAL_SLICE, head_resource, slice_type
+from levanter_mars.infra.local_node import (
+    LOOPBACK_ONLY,
+    NODE_ENVIRONMENT,
+    TOKEN_FILE,
+    client_environment,
+    new_temp_dir,
+    node_environment,
+)
+from levanter_mars.infra.slices import HOST_TASK_CPUS, HOST_TASK_MEMORY_BYTES, LOCAL_SLICE, head_resource, local_slice
 
+JOIN_MODULE = "levanter_mars.compat.ray_local_nodes"
 STATE_FILE = "levanter_mars_cluster.json"
-TOKEN_FILE = "auth_token"
 OBJECT_STORE_BYTES = 200 * 10**6  # the launcher moves no data through Ray: keep /dev/shm use small
 
-LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
-
-def node_resources() -> dict[str, float]:
-    return {"TPU": slice_type(LOCAL_SLICE).chips_per_host, head_resource(LOCAL_SLICE): 1}
+def node_resources(worker_id: int = 0) -> dict[str, float]:
+    chips = {"TPU": local_slice().chips_per_host}
+    return {**chips, head_resource(LOCAL_SLICE): 1} if worker_id == 0 else chips
 
 
 def ray_start_args(
@@ -46,18 +53,24 @@ def ray_start_args(
     dashboard_port: int = 8265,
     temp_dir: Optional[str] = None,
     extra_ports: Optional[Mapping[str, int]] = None,
+    worker_id: int = 0,
+    head_address: Optional[str] = None,
 ) -> list[str]:
-    """``ray start`` for the local engine's head node (ports and temp dir are for running several side by side)."""
+    """``ray start`` for a node of the local engine: the head (host 0), or with ``head_address`` (its GCS) host
+    ``worker_id`` joining it. Ports and temp dir are for running several clusters side by side."""
+    if head_address is None:
+        node = [
+            "--head", "--node-ip-address", "127.0.0.1", "--port", str(gcs_port),
+            "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port),
+        ]  # fmt: skip
+    else:  # one log monitor per machine (the head's reads every node's logs here), or each line comes N times
+        node = ["--address", head_address, "--node-ip-address", "127.0.0.1", "--include-log-monitor", "false"]
     args = [
-        "ray", "start", "--head",
-        "--node-ip-address", "127.0.0.1",
-        "--port", str(gcs_port),
-        "--dashboard-host", "127.0.0.1",
-        "--dashboard-port", str(dashboard_port),
+        "ray", "start", *node,
         "--num-cpus", str(HOST_TASK_CPUS + 1),
         "--memory", str(HOST_TASK_MEMORY_BYTES + 10**9),
         "--object-store-memory", str(OBJECT_STORE_BYTES),
-        "--resources", json.dumps(node_resources(), separators=(",", ":")),
+        "--resources", json.dumps(node_resources(worker_id), separators=(",", ":")),
         "--disable-usage-stats",
     ]  # fmt: skip
     for flag, port in (extra_ports or {}).items():
@@ -67,15 +80,20 @@ def ray_start_args(
     return args
 
 
-def ray_start_hint() -> str:
+def ray_start_hint(num_hosts: int = 1) -> str:
+    if num_hosts > 1:
+        return f"  python -m levanter_mars.infra.local_cluster start --num_hosts {num_hosts}   (see infra/README.md)"
     env = " ".join(f"{k}={v}" for k, v in {**LOOPBACK_ONLY, "RAY_AUTH_MODE": "token", **NODE_ENVIRONMENT}.items())
     return f"  {env} \\\n    {shlex.join(ray_start_args())}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free now (all held open while choosing, so none is handed out twice)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 # `ray start` flags of the listeners a second cluster on the machine would otherwise collide on.
@@ -92,11 +110,13 @@ _PORT_FLAGS = (
 
 @dataclass
 class LocalRayCluster:
-    """A local-engine head node in its own temp dir, ports and auth token; stopped by its own process ids."""
+    """A local-engine cluster (one node per simulated host) in its own temp dir, ports and auth token; stopped by
+    its own process ids."""
 
     temp_dir: str
     gcs_port: int = 0
     dashboard_port: int = 0
+    num_hosts: int = 1
     pids: list[int] = field(default_factory=list)
 
     @property
@@ -114,34 +134,49 @@ class LocalRayCluster:
 
     def client_env(self) -> dict[str, str]:
         """What a client (the launcher, ``ray job ...``) needs in its environment to reach this cluster."""
-        return {
-            **LOOPBACK_ONLY,
-            "RAY_AUTH_MODE": "token",
-            "RAY_AUTH_TOKEN_PATH": self.token_path,
-            "RAY_ADDRESS": self.address,
-        }
+        return {**client_environment(self.temp_dir), "RAY_ADDRESS": self.address}
 
     @classmethod
-    def start(cls, temp_dir: Optional[str] = None, environ: Optional[Mapping[str, str]] = None, timeout: float = 120):
-        temp_dir = temp_dir or tempfile.mkdtemp(prefix="lm-ray-")  # short: Ray's socket paths must fit 107 bytes
+    def start(
+        cls,
+        temp_dir: Optional[str] = None,
+        environ: Optional[Mapping[str, str]] = None,
+        timeout: float = 120,
+        num_hosts: int = 1,
+    ):
+        local_slice(num_hosts)  # a pod shape the nodes can pose as, or LaunchError
+        temp_dir = temp_dir or new_temp_dir()
         os.makedirs(temp_dir, exist_ok=True)
-        cluster = cls(temp_dir=os.path.realpath(temp_dir), gcs_port=_free_port(), dashboard_port=_free_port())
+        ports = iter(_free_ports(2 + num_hosts * len(_PORT_FLAGS)))
+        cluster = cls(os.path.realpath(temp_dir), next(ports), next(ports), num_hosts)
         with open(os.open(cluster.token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
             f.write(secrets.token_hex(32))
-        env = {**(environ if environ is not None else os.environ), **NODE_ENVIRONMENT, **cluster.client_env()}
-        env.pop("RAY_ADDRESS")  # a head node must not join another cluster
+        base_env = {**(environ if environ is not None else os.environ), **cluster.client_env()}
+        base_env.pop("RAY_ADDRESS")  # a node joins the cluster its command line names, no other
         ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
-        args = ray_start_args(
-            gcs_port=cluster.gcs_port,
-            dashboard_port=cluster.dashboard_port,
-            temp_dir=cluster.temp_dir,
-            extra_ports={flag: _free_port() for flag in _PORT_FLAGS},
-        )
-        proc = subprocess.run([ray_bin, *args[1:]], env=env, capture_output=True, text=True, timeout=timeout)
-        cluster.pids = cluster._find_pids()
-        if proc.returncode != 0:
+        # Ray refuses to add a node while its listeners are kept on 127.0.0.1: see the compat module.
+        try:
+            for worker_id in range(num_hosts):  # the head (host 0) first: the others join it
+                args = ray_start_args(
+                    gcs_port=cluster.gcs_port,
+                    dashboard_port=cluster.dashboard_port,
+                    temp_dir=cluster.temp_dir,
+                    extra_ports={flag: next(ports) for flag in _PORT_FLAGS},
+                    worker_id=worker_id,
+                    head_address=cluster.gcs_address if worker_id else None,
+                )
+                env = {**base_env, **node_environment(num_hosts, worker_id)}
+                command = [ray_bin, *args[1:]] if worker_id == 0 else [sys.executable, "-m", JOIN_MODULE, *args[1:]]
+                proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+                if proc.returncode != 0:
+                    raise RuntimeError(
+                        f"ray start of host {worker_id} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                        f"{proc.stderr[-3000:]}"
+                    )
+        except BaseException:
             cluster.stop()
-            raise RuntimeError(f"ray start failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+            raise
+        cluster.pids = cluster._find_pids()
         cluster._save()
         return cluster
 
@@ -163,7 +198,12 @@ class LocalRayCluster:
         return sorted(found)
 
     def _save(self) -> None:
-        state = {"temp_dir": self.temp_dir, "gcs_port": self.gcs_port, "dashboard_port": self.dashboard_port}
+        state = {
+            "temp_dir": self.temp_dir,
+            "gcs_port": self.gcs_port,
+            "dashboard_port": self.dashboard_port,
+            "num_hosts": self.num_hosts,
+        }
         Path(self.temp_dir, STATE_FILE).write_text(json.dumps(state))
 
     @classmethod
@@ -207,10 +247,11 @@ def main(argv: Sequence[str]) -> int:
     )
     parser.add_argument("command", choices=["start", "stop", "env"])
     parser.add_argument("--temp_dir", default=None, help="the cluster's directory (start: default a new one in /tmp)")
+    parser.add_argument("--num_hosts", type=int, default=1, help="start: hosts, one Ray node each (1, 2, 4, 8)")
     args = parser.parse_args(argv)
     if args.command == "start":
-        cluster = LocalRayCluster.start(args.temp_dir)
-        print(f"# local Ray cluster up in {cluster.temp_dir}; point clients at it with:")
+        cluster = LocalRayCluster.start(args.temp_dir, num_hosts=args.num_hosts)
+        print(f"# local Ray cluster ({cluster.num_hosts} host(s)) up in {cluster.temp_dir}; point clients at it with:")
         for k, v in cluster.client_env().items():
             print(f"export {k}={shlex.quote(v)}")
         print(f"# stop it with: python -m levanter_mars.infra.local_cluster stop --temp_dir {cluster.temp_dir}")

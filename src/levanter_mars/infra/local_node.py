@@ -1,15 +1,29 @@
-"""The environment of the local engine's Ray node (see local_cluster.py). Import-light: the host task uses it."""
+"""The environment of the local engine's Ray nodes and clients (see local_cluster.py). Import-light: the host task
+uses it, and the launcher before it imports Ray."""
 
-# The node poses as worker 0 of a one-host slice of this type and name, through the variables Ray reads on GKE,
-# so Levanter's scheduler runs unchanged and neither Ray nor Levanter asks a GCE metadata server anything.
-LOCAL_POSES_AS = "v4-8"
+import os
+import tempfile
+
+# Each node poses as one worker of a v4 slice with as many hosts as the local pod has, through the variables Ray
+# reads on GKE, so Levanter's scheduler runs unchanged and neither Ray nor Levanter asks a GCE metadata server
+# anything. Ray gives worker 0 the slice's head resource and every worker the slice name as a resource.
+LOCAL_SLICE = "cpu"
+"""``--tpu_type cpu``: the local engine."""
 LOCAL_SLICE_NAME = "local-cpu"
-NODE_IDENTITY = {
-    "TPU_NAME": LOCAL_SLICE_NAME,
-    "TPU_WORKER_ID": "0",
-    "TPU_ACCELERATOR_TYPE": LOCAL_POSES_AS,
-    "TPU_TOPOLOGY": "2x2x1",
-}
+#: Hosts of the local pod -> (the v4 slice type its nodes pose as, that slice's chip topology).
+LOCAL_SLICE_SHAPES = {1: ("v4-8", "2x2x1"), 2: ("v4-16", "2x2x2"), 4: ("v4-32", "2x2x4"), 8: ("v4-64", "2x4x4")}
+LOCAL_POSES_AS = LOCAL_SLICE_SHAPES[1][0]
+
+
+def node_identity(num_hosts: int = 1, worker_id: int = 0) -> dict[str, str]:
+    poses_as, topology = LOCAL_SLICE_SHAPES[num_hosts]
+    return {
+        "TPU_NAME": LOCAL_SLICE_NAME,
+        "TPU_WORKER_ID": str(worker_id),
+        "TPU_ACCELERATOR_TYPE": poses_as,
+        "TPU_TOPOLOGY": topology,
+    }
+
 
 # Even with usage stats disabled, Ray 2.60's dashboard (UsageStatsHead) asks the Azure, GCP and AWS metadata servers
 # which cloud it is on and tells https://usage-stats.ray.io that stats are disabled, once, at start. These send both
@@ -20,10 +34,30 @@ NO_OUTSIDE_REQUESTS = {
     "RAY_USAGE_STATS_REPORT_URL": "http://127.0.0.1:9/",
 }
 
-NODE_ENVIRONMENT = {**NODE_IDENTITY, **NO_OUTSIDE_REQUESTS}
+
+def node_environment(num_hosts: int = 1, worker_id: int = 0) -> dict[str, str]:
+    return {**node_identity(num_hosts, worker_id), **NO_OUTSIDE_REQUESTS}
+
+
+NODE_ENVIRONMENT = node_environment()
+"""The one-host local engine's node (the ``ray start`` recipe in infra/README.md)."""
+
+
+# Without it Ray 2.60 also listens on 0.0.0.0 and the machine's address, even with --node-ip-address 127.0.0.1.
+LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+TOKEN_FILE = "auth_token"
+
+
+def new_temp_dir() -> str:
+    return os.path.realpath(tempfile.mkdtemp(prefix="lm-ray-"))  # short: Ray's socket paths must fit 107 bytes
+
+
+def client_environment(temp_dir: str) -> dict[str, str]:
+    """What a client needs in its environment, before it imports Ray, to reach the cluster in ``temp_dir``."""
+    return {**LOOPBACK_ONLY, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": os.path.join(temp_dir, TOKEN_FILE)}
 
 
 def without_node_environment(environ):
-    """``environ`` minus what NODE_ENVIRONMENT set, and minus every ``TPU_*`` variable (Ray adds some per task):
+    """``environ`` minus what a node's environment set, and minus every ``TPU_*`` variable (Ray adds some per task):
     the training process may use the network (W&B, the HF hub) and must not think it is on a TPU."""
-    return {k: v for k, v in environ.items() if not k.startswith("TPU_") and NODE_ENVIRONMENT.get(k) != v}
+    return {k: v for k, v in environ.items() if not k.startswith("TPU_") and NO_OUTSIDE_REQUESTS.get(k) != v}

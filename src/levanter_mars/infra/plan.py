@@ -15,7 +15,7 @@ import draccus
 import yaml
 
 from levanter_mars.infra.config import JobConfig, LaunchError
-from levanter_mars.infra.slices import MeshPlan, SliceType, plan_mesh, slice_type
+from levanter_mars.infra.slices import MeshPlan, SliceType, launch_slice, plan_mesh
 from levanter_mars.training import validation
 from levanter_mars.eval.train_config import TrainAndEvalConfig as TrainLmConfig
 from levanter_mars.eval.train_config import parse_train_config
@@ -53,7 +53,18 @@ class PreparedRun:
             "secrets_forwarded": {name: REDACTED for name in sorted(self.secrets)},
             "secrets_not_set": sorted(set(self.job.secret_env) - set(self.secrets)),
             "training_command": ["python", "-m", "levanter_mars.main.train_lm", *self.train_argv],
+            **({"local_pod": self._local_pod()} if self.slice.is_local else {}),
         }
+
+    def _local_pod(self) -> dict[str, Any]:
+        from levanter_mars.infra.host import distributed_flags, with_device_count
+
+        hosts = self.slice.hosts
+        per_host = {"XLA_FLAGS": with_device_count("", self.slice.devices_per_host)}
+        if hosts > 1:
+            host_id = f"<host: 0..{hosts - 1}>"
+            per_host["training_flags"] = distributed_flags(hosts, host_id, "<free port, per attempt>")
+        return {"hosts": hosts, "devices_per_host": self.slice.devices_per_host, "per_host": per_host}
 
     def report(self, sections: Mapping[str, Any], commands: str = "") -> str:
         """The dry-run text: the plan (with ``sections``), any commands, and the resolved training config."""
@@ -98,7 +109,7 @@ def prepare(
     job: JobConfig, overrides: Sequence[str], *, working_dir: str = ".", environ: Mapping[str, str] = os.environ
 ) -> PreparedRun:
     """Parses, validates and plans; contacts nothing. Raises LaunchError or ConfigError naming the field."""
-    kind = slice_type(job.tpu_type)
+    kind = launch_slice(job.tpu_type, getattr(job, "num_hosts", 1), getattr(job, "devices_per_host", None))
     if kind.is_local and job.num_slices != 1:
         raise LaunchError(f"--num_slices {job.num_slices}: the local engine ({job.tpu_type}) has one slice")
     if not kind.is_local:

@@ -2,11 +2,12 @@
 ``run_on_pod``, which also restarts the slice after a preemption or a failure (counted separately).
 
 ``python -m levanter_mars.infra.pod --tpu_type v4-32 [--num_slices N --retries K --preemption_retries P]
-[--secrets NAMES] [--workdir DIR] -- <training args>``
+[--secrets NAMES] [--workdir DIR] [--num_hosts H --devices_per_host D] -- <training args>``
 
-Each host runs ``python -m levanter_mars.main.train_lm <training args>`` as a child process, so a crash of the
-training program is an ordinary failure of the Ray task (retried as a failure), while losing the host or its Ray
-worker is a preemption. Every attempt uses the same run id and so resumes from the newest checkpoint.
+Each host runs ``python -m levanter_mars.main.train_lm <training args>`` as a child process (on the local pod
+with ``--trainer.distributed.*`` flags and a fresh coordinator port per attempt, see ``rendezvous.py``), so a
+crash of the training program is an ordinary failure of the Ray task (retried as a failure), while losing the host
+or its Ray worker is a preemption. Every attempt uses the same run id and so resumes from the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -15,18 +16,26 @@ import json
 import logging
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import draccus
 import ray
 from levanter.infra.ray_tpu import run_on_pod
-from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
 
+from levanter_mars.compat.ray_jobs import RAY_JOB_CONFIG_JSON_ENV_VAR
 from levanter_mars.infra.config import SECRET_METADATA_PREFIX, LaunchError, split_overrides
-from levanter_mars.infra.host import host_task
-from levanter_mars.infra.local_node import LOCAL_SLICE_NAME
-from levanter_mars.infra.slices import HOST_TASK_CPUS, HOST_TASK_MEMORY_BYTES, LOCAL_SLICE, head_resource, slice_type
+from levanter_mars.infra.host import LocalHost, host_task
+from levanter_mars.infra.local_node import LOCAL_SLICE_NAME, LOCAL_SLICE_SHAPES
+from levanter_mars.infra.slices import (
+    HOST_TASK_CPUS,
+    HOST_TASK_MEMORY_BYTES,
+    LOCAL_SLICE,
+    SliceType,
+    head_resource,
+    launch_slice,
+)
 
 logger = logging.getLogger("levanter_mars.infra.pod")
 
@@ -41,6 +50,10 @@ class PodConfig:
     """Run training in this directory (the local engine); default: the job's working directory (shipped checkout)."""
     secrets: str = ""
     """Comma-separated names of the credentials the launcher put in the job's metadata."""
+    num_hosts: int = 1
+    """The local pod's hosts (``--tpu_type cpu``)."""
+    devices_per_host: Optional[int] = None
+    """The local pod's simulated devices per host (``--tpu_type cpu``)."""
 
 
 def take_secrets(names: Sequence[str], environ=os.environ) -> dict[str, str]:
@@ -57,36 +70,58 @@ def take_secrets(names: Sequence[str], environ=os.environ) -> dict[str, str]:
     return found
 
 
-def check_local_cluster(resources: dict[str, float], chips: int) -> None:
-    """The local engine's node must offer what Levanter's scheduler asks of a one-host slice, or the job waits
-    forever; say which resource is missing and how to start the node."""
+def check_local_cluster(resources: dict[str, float], kind: SliceType) -> None:
+    """The local engine's nodes must offer what Levanter's scheduler asks of a slice of ``kind.hosts`` hosts, and
+    pose as a slice of that many hosts, or the job waits forever; say which resource is missing and how to start
+    the nodes."""
+    hosts = kind.hosts
     needed = {
         head_resource(LOCAL_SLICE): 1,
-        LOCAL_SLICE_NAME: 1,
-        "TPU": chips,
-        "CPU": HOST_TASK_CPUS + 1,
-        "memory": HOST_TASK_MEMORY_BYTES,
+        head_resource(LOCAL_SLICE_SHAPES[hosts][0]): 1,  # Ray's, from the pose: the shape of the slice
+        LOCAL_SLICE_NAME: hosts,
+        "TPU": kind.chips_per_host * hosts,
+        "CPU": HOST_TASK_CPUS * hosts + 1,
+        "memory": HOST_TASK_MEMORY_BYTES * hosts,
     }
     missing = {k: v for k, v in needed.items() if resources.get(k, 0) < v}
     if missing:
         from levanter_mars.infra.local_cluster import ray_start_hint
 
         raise LaunchError(
-            f"the Ray cluster cannot run the local engine: it lacks {missing} (it has {resources}). "
-            f"Start it with:\n{ray_start_hint()}"
+            f"the Ray cluster cannot run the local engine with {hosts} host(s): it lacks {missing} (it has "
+            f"{resources}). Start it with:\n{ray_start_hint(hosts)}"
         )
+
+
+def wait_for_local_cluster(kind: SliceType, timeout: float = 20.0, poll: float = 1.0) -> None:
+    """:func:`check_local_cluster`, allowing the nodes of a cluster that was just started a moment to register."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return check_local_cluster(ray.cluster_resources(), kind)
+        except LaunchError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(poll)
 
 
 def main(argv: Sequence[str]) -> int:
     own, train_argv = split_overrides(argv)
     pod = draccus.parse(PodConfig, args=own)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    kind = slice_type(pod.tpu_type)
+    local = None
     try:
+        kind = launch_slice(pod.tpu_type, pod.num_hosts, pod.devices_per_host)
         secrets = take_secrets([name for name in pod.secrets.split(",") if name])
         ray.init()
         if kind.is_local:
-            check_local_cluster(ray.cluster_resources(), kind.chips_per_host)
+            wait_for_local_cluster(kind)
+            rendezvous, rendezvous_actor = None, None  # the handle keeps the actor alive until the run ends
+            if kind.hosts > 1:
+                from levanter_mars.infra.rendezvous import start_rendezvous
+
+                rendezvous, rendezvous_actor = start_rendezvous(kind.hosts)
+            local = LocalHost(kind.hosts, kind.devices_per_host, rendezvous)
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -97,7 +132,7 @@ def main(argv: Sequence[str]) -> int:
 
     # max_retries=0: Ray must not silently re-run a host whose worker died; run_on_pod counts that as a preemption
     # and restarts the whole slice. max_calls=1: a fresh worker (and TPU runtime) per attempt, as run_on_pod requires.
-    remote = ray.remote(max_calls=1, max_retries=0)(host_task(train_argv, pod.workdir, kind.is_local, secrets))
+    remote = ray.remote(max_calls=1, max_retries=0)(host_task(train_argv, pod.workdir, local, secrets))
     try:
         results = run_on_pod(
             remote,

@@ -84,6 +84,7 @@ def build_job(run: PreparedRun, launch: RayLaunchConfig, environ: Mapping[str, s
         # Same machine: run this interpreter on this checkout, in this directory.
         workdir = os.path.realpath(launch.working_dir)
         pod_args += ["--workdir", workdir]
+        pod_args += ["--num_hosts", str(run.slice.hosts), "--devices_per_host", str(run.slice.devices_per_host)]
         python = sys.executable
         paths = [_package_source_dir(), *environ.get("PYTHONPATH", "").split(os.pathsep)]
         env_vars["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))

@@ -17,10 +17,9 @@ from levanter.infra.ray_tpu import TPU_CONFIGS, get_tpu_config
 from levanter.trainer import TrainerConfig
 
 from levanter_mars.infra.config import LaunchError
-from levanter_mars.infra.local_node import LOCAL_POSES_AS
-
-LOCAL_SLICE = "cpu"
-"""``--tpu_type cpu``: the local engine, a Ray cluster on this machine whose one node poses as a one-host slice."""
+# LOCAL_SLICE, ``--tpu_type cpu``: the local engine, a Ray cluster on this machine with one node per simulated host,
+# posing as a v4 slice with that many hosts (``local_node.py``).
+from levanter_mars.infra.local_node import LOCAL_SLICE, LOCAL_SLICE_SHAPES
 
 # What levanter.infra.ray_tpu.TPUHostActor.run_remote_fn asks of every host besides its chips (levanter
 # 1.2.dev1644). A node that cannot offer them never gets the task: the local engine must declare them.
@@ -50,6 +49,10 @@ class SliceType:
     chips_per_host: int
     devices: int
     """JAX devices in the slice (one per chip on v4/v5p megacore and on v5e/v6e)."""
+
+    @property
+    def devices_per_host(self) -> int:
+        return self.devices // self.hosts
 
     @property
     def is_local(self) -> bool:
@@ -86,10 +89,35 @@ def local_device_count(environ: Mapping[str, str] = os.environ) -> int:
     return int(match.group(1)) if match else 1
 
 
+def local_slice(hosts: int = 1, devices_per_host: int | None = None) -> SliceType:
+    """The local pod: ``hosts`` training processes with ``devices_per_host`` simulated CPU devices each (default: as
+    many as this shell's XLA_FLAGS give one process)."""
+    if hosts not in LOCAL_SLICE_SHAPES:
+        raise LaunchError(
+            f"--num_hosts {hosts}: the local pod poses as a v4 slice, which has {sorted(LOCAL_SLICE_SHAPES)} hosts"
+        )
+    devices_per_host = local_device_count() if devices_per_host is None else devices_per_host
+    if devices_per_host < 1:
+        raise LaunchError(f"--devices_per_host must be >= 1, got {devices_per_host}")
+    posing = get_tpu_config(LOCAL_SLICE_SHAPES[hosts][0])
+    return SliceType(LOCAL_SLICE, hosts=hosts, chips_per_host=posing.chips_per_vm, devices=hosts * devices_per_host)
+
+
+def launch_slice(tpu_type: str, num_hosts: int = 1, devices_per_host: int | None = None) -> SliceType:
+    """The slice a launch asks for: a TPU type fixes its hosts and chips; ``cpu`` takes them from the flags."""
+    if tpu_type == LOCAL_SLICE:
+        return local_slice(num_hosts, devices_per_host)
+    if num_hosts != 1 or devices_per_host is not None:
+        raise LaunchError(
+            f"--num_hosts and --devices_per_host are for --tpu_type {LOCAL_SLICE} (the local pod): "
+            f"a {tpu_type} slice has the hosts and chips of its type"
+        )
+    return slice_type(tpu_type)
+
+
 def slice_type(name: str) -> SliceType:
     if name == LOCAL_SLICE:
-        posing = get_tpu_config(LOCAL_POSES_AS)
-        return SliceType(LOCAL_SLICE, hosts=1, chips_per_host=posing.chips_per_vm, devices=local_device_count())
+        return local_slice()
     try:
         config = get_tpu_config(name)
     except ValueError:

@@ -1,4 +1,4 @@
-"""MARS as named-axis optax transformations, plus its Levanter optimizer configs."""
+"""MARS and MARS-M as named-axis optax transformations, plus its Levanter optimizer configs."""
 
 from levanter_mars.optim.mars import (
     ScaleByMarsState,
@@ -7,6 +7,7 @@ from levanter_mars.optim.mars import (
     scale_by_mars,
     validate_mars_hyperparameters,
 )
+from levanter_mars.optim.mars_m import mars_m, mars_m_roles, scale_by_mars_m
 from levanter_mars.optim.newton_schulz import newton_schulz5
 from levanter_mars.optim.objective import DifferentiableObjective, objective_gradient
 from levanter_mars.optim.tensor_roles import (
@@ -24,11 +25,14 @@ __all__ = [
     "TensorRole",
     "describe_roles",
     "mars",
+    "mars_m",
+    "mars_m_roles",
     "mars_param_labels",
     "newton_schulz5",
     "objective_gradient",
     "register_tensor_role_rule",
     "scale_by_mars",
+    "scale_by_mars_m",
     "tensor_roles",
     "validate_mars_hyperparameters",
 ]

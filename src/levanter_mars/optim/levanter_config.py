@@ -1,4 +1,4 @@
-"""MARS in Levanter's optimizer registry: ``optimizer: {type: mars-adamw | mars-lion | mars-shampoo, ...}``.
+"""MARS in Levanter's optimizer registry: ``optimizer: {type: mars-adamw | mars-lion | mars-shampoo | mars-m, ...}``.
 
 Levanter ships its own ``mars`` (global clip, approx only, no 1-D AdamW), so these use new names and never collide
 with it. Both learning rates follow Levanter's schedule machinery (warmup, cosine/linear/WSD decay, ``min_lr_ratio``),
@@ -16,12 +16,31 @@ import jax.numpy as jnp
 import optax
 from levanter.optim import OptimizerConfig
 
+from levanter_mars.optim.hyperparameters import validate_mars_m_hyperparameters
 from levanter_mars.optim.mars import mars, validate_mars_hyperparameters
+from levanter_mars.optim.mars_m import mars_m
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 #: ``mars()`` argument -> config field, where the names differ (Levanter's optimizer configs say beta1, epsilon).
 _FIELD_OF_ARGUMENT = {"variant": "type", "b1": "beta1", "b2": "beta2", "eps": "epsilon", "b1_1d": "beta1_1d",
-                      "b2_1d": "beta2_1d"}
+                      "b2_1d": "beta2_1d", "b1_adamw": "beta1_adamw", "b2_adamw": "beta2_adamw"}
+
+
+def _config_field(name: str) -> str:
+    return f"optimizer.{_FIELD_OF_ARGUMENT.get(name, name)}"
+
+
+def _check_dtypes(config) -> None:
+    for name in ("mu_dtype", "prev_dtype"):
+        value = getattr(config, name)
+        if value is not None and value not in _DTYPES:
+            raise ValueError(f"optimizer.{name} must be one of {sorted(_DTYPES)} or null, got {value!r}")
+    if not 0.0 <= config.min_lr_ratio <= 1.0:
+        raise ValueError(f"optimizer.min_lr_ratio must be in [0, 1], got {config.min_lr_ratio!r}")
+
+
+def _dtype(name: Optional[str]):
+    return None if name is None else _DTYPES[name]
 
 
 @dataclass(frozen=True)
@@ -56,10 +75,7 @@ class MarsOptimizerConfig(OptimizerConfig, abc.ABC):
     """float32 | bfloat16 | float16 for the stored previous gradient (approx) or parameters (exact)."""
 
     def __post_init__(self):
-        for name in ("mu_dtype", "prev_dtype"):
-            value = getattr(self, name)
-            if value is not None and value not in _DTYPES:
-                raise ValueError(f"optimizer.{name} must be one of {sorted(_DTYPES)} or null, got {value!r}")
+        _check_dtypes(self)
         validate_mars_hyperparameters(
             variant=self.variant,
             b1=self.beta1,
@@ -73,10 +89,8 @@ class MarsOptimizerConfig(OptimizerConfig, abc.ABC):
             weight_decay=self.weight_decay,
             weight_decay_1d=self.weight_decay_1d,
             max_grad_norm=self.max_grad_norm,
-            field_name=lambda name: f"optimizer.{_FIELD_OF_ARGUMENT.get(name, name)}",
+            field_name=_config_field,
         )
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"optimizer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
 
     @property
     def peak_learning_rate_1d(self) -> float:
@@ -101,8 +115,8 @@ class MarsOptimizerConfig(OptimizerConfig, abc.ABC):
                 b1_1d=self.beta1_1d,
                 b2_1d=self.beta2_1d,
                 weight_decay_1d=self.weight_decay_1d,
-                mu_dtype=None if self.mu_dtype is None else _DTYPES[self.mu_dtype],
-                prev_dtype=None if self.prev_dtype is None else _DTYPES[self.prev_dtype],
+                mu_dtype=_dtype(self.mu_dtype),
+                prev_dtype=_dtype(self.prev_dtype),
                 max_grad_norm=self.max_grad_norm,
             )
 
@@ -138,7 +152,90 @@ class MarsShampooConfig(MarsOptimizerConfig):
     variant: ClassVar[str] = "shampoo"
 
 
+@OptimizerConfig.register_subclass("mars-m")
+@dataclass(frozen=True)
+class MarsMConfig(OptimizerConfig):
+    """MARS-M (:func:`levanter_mars.optim.mars_m`). Defaults are the official GPT-2 small config.
+
+    One learning rate and one weight decay for every tensor, as in the official trainer: Linear weights take the
+    MARS-M update, embeddings, the LM head and 1-D tensors AdamW, and all of them decay.
+    """
+
+    learning_rate: float = 6e-3
+    weight_decay: float = 1e-2
+    beta1: float = 0.95
+    """MARS-M momentum."""
+    gamma: float = 0.025
+    """Strength of the variance-reduction correction; 0 gives Muon (Moonlight's form, no Nesterov)."""
+    beta1_adamw: float = 0.9
+    beta2_adamw: float = 0.95
+    epsilon: float = 1e-8
+    """AdamW epsilon, added to sqrt(v) before the bias correction as in the official trainer."""
+    ns_steps: int = 5
+    exact: bool = False
+    """Exact correction: an extra forward/backward at the previous parameters on the current batch."""
+    efficient: bool = False
+    """Memory-efficient form: no previous-gradient buffer and no clip (Muon's state). Not with exact."""
+    max_grad_norm: Optional[float] = 1.0
+    """Global-norm clip of raw gradients (and, in exact mode, of the previous-parameter gradient)."""
+    mu_dtype: Optional[str] = None
+    """float32 | bfloat16 | float16 for the first moment; None keeps the parameter dtype."""
+    prev_dtype: Optional[str] = None
+    """float32 | bfloat16 | float16 for the stored previous gradient (approx) or parameters (exact)."""
+
+    def __post_init__(self):
+        _check_dtypes(self)
+        for name in ("weight_decay_modules", "default_weight_decay_mask"):
+            if getattr(self, name) is not None:
+                raise ValueError(
+                    f"optimizer.{name} is not supported by mars-m: it decays every tensor with weight_decay, as the "
+                    f"official trainer does; got {getattr(self, name)!r}"
+                )
+        validate_mars_m_hyperparameters(
+            b1=self.beta1,
+            gamma=self.gamma,
+            eps=self.epsilon,
+            b1_adamw=self.beta1_adamw,
+            b2_adamw=self.beta2_adamw,
+            learning_rate=self.learning_rate,
+            weight_decay=self.weight_decay,
+            ns_steps=self.ns_steps,
+            exact=self.exact,
+            efficient=self.efficient,
+            max_grad_norm=self.max_grad_norm,
+            field_name=_config_field,
+        )
+
+    def build(self, num_train_steps: int) -> optax.GradientTransformationExtraArgs:
+        def _optimizer(learning_rate, gamma):
+            return mars_m(
+                learning_rate,
+                b1=self.beta1,
+                gamma=gamma,
+                weight_decay=self.weight_decay,
+                exact=self.exact,
+                efficient=self.efficient,
+                ns_steps=self.ns_steps,
+                b1_adamw=self.beta1_adamw,
+                b2_adamw=self.beta2_adamw,
+                eps=self.epsilon,
+                mu_dtype=_dtype(self.mu_dtype),
+                prev_dtype=_dtype(self.prev_dtype),
+                max_grad_norm=self.max_grad_norm,
+            )
+
+        return optax.inject_hyperparams(_optimizer)(learning_rate=self.lr_scheduler(num_train_steps), gamma=self.gamma)
+
+
+#: The MARS instantiations (sharing :class:`MarsOptimizerConfig`'s fields); MARS-M is registered as ``mars-m``.
 MARS_OPTIMIZER_TYPES = {"mars-adamw": MarsAdamWConfig, "mars-lion": MarsLionConfig, "mars-shampoo": MarsShampooConfig}
 
-__all__ = ["MARS_OPTIMIZER_TYPES", "MarsAdamWConfig", "MarsLionConfig", "MarsOptimizerConfig", "MarsShampooConfig"]
+__all__ = [
+    "MARS_OPTIMIZER_TYPES",
+    "MarsAdamWConfig",
+    "MarsLionConfig",
+    "MarsMConfig",
+    "MarsOptimizerConfig",
+    "MarsShampooConfig",
+]
 

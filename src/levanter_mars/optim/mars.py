@@ -30,36 +30,37 @@ AdamW form for them). The full update applied to the parameters is
 from __future__ import annotations
 
 import functools
-import math
-import numbers
 from typing import Any, Callable, NamedTuple
 
 import chex
-import haliax as hax
 import jax
 import jax.numpy as jnp
 import optax
 from optax import tree_utils as otu
 
-from levanter_mars.optim.newton_schulz import newton_schulz5
-from levanter_mars.optim.objective import objective_gradient
-from levanter_mars.optim.tensor_roles import (
-    TensorRole,
-    map_roles,
-    per_layer,
-    restore_axis_order,
-    tensor_roles,
+from levanter_mars.optim.hyperparameters import (
+    ScalarOrSchedule,
+    evaluate,
+    validate_mars_hyperparameters,
+)
+from levanter_mars.optim.objective import previous_gradient
+from levanter_mars.optim.per_tensor import ABSENT, update_tensors
+from levanter_mars.optim.tensor_roles import TensorRole, map_roles, tensor_roles
+from levanter_mars.optim.update_rules import (
+    MatrixLayout,
+    adam,
+    clip_to_unit_norm,
+    corrected_gradient,
+    momentum,
+    orthogonalize,
 )
 
-VARIANTS = ("adamw", "lion", "shampoo")
 MARS_LABEL = "mars"
 ADAMW_1D_LABEL = "adamw_1d"
 
-ScalarOrSchedule = float | jax.Array | Callable[[jax.Array], jax.Array]
-
 
 class ScaleByMarsState(NamedTuple):
-    """State of :func:`scale_by_mars`.
+    """State of :func:`scale_by_mars` (and of :func:`levanter_mars.optim.mars_m.scale_by_mars_m`).
 
     Attributes:
         count: number of updates taken so far (int32 scalar).
@@ -78,75 +79,22 @@ class ScaleByMarsState(NamedTuple):
     prev: optax.Updates
 
 
-class _LeafUpdate(NamedTuple):
-    direction: Any
-    mu: Any
-    nu: Any
+# The directions MARS-AdamW (update_rules.adam on c) does not share. Each takes the float32 arrays of one layer of one
+# tensor and returns (direction, m, v); ``c`` is the clipped corrected gradient.
 
 
-_ABSENT = optax.MaskedNode()
+def mars_lion(c, m, v, *, b1):
+    """MARS-Lion: the sign of the momentum."""
+    m = momentum(m, c, b1)
+    return jnp.sign(m), m, v
 
 
-def _absent(x: Any) -> bool:
-    return x is None or isinstance(x, optax.MaskedNode)
-
-
-def _is_leaf_update(x: Any) -> bool:
-    return isinstance(x, _LeafUpdate)
-
-
-def _field(tree: Any, name: str) -> Any:
-    return jax.tree.map(lambda leaf: getattr(leaf, name), tree, is_leaf=_is_leaf_update)
-
-
-def _evaluate(value: ScalarOrSchedule, count: jax.Array) -> Any:
-    return value(count) if callable(value) else value
-
-
-def validate_mars_hyperparameters(
-    *,
-    variant: str,
-    b1: Any,
-    b2: Any,
-    eps: Any,
-    gamma: Any,
-    b1_1d: Any = 0.9,
-    b2_1d: Any = 0.95,
-    learning_rate: Any = 0.0,
-    learning_rate_1d: Any = 0.0,
-    weight_decay: Any = 0.0,
-    weight_decay_1d: Any = 0.0,
-    max_grad_norm: Any = None,
-    field_name: Callable[[str], str] | None = None,
-) -> None:
-    """Raises ``ValueError`` naming the first hyperparameter that is out of range.
-
-    ``field_name`` maps these argument names to the names the user wrote (e.g. ``"b1" -> "optimizer.beta1"``), so
-    that a config error points at the config field. Schedules and traced values are not checked.
-    """
-    shown = field_name or (lambda name: name)
-
-    def fail(name: str, requirement: str, value: Any) -> None:
-        raise ValueError(f"{shown(name)} {requirement}, got {value!r}")
-
-    if variant not in VARIANTS:
-        fail("variant", f"must be one of {VARIANTS}", variant)
-    for name, value in (("b1", b1), ("b2", b2), ("b1_1d", b1_1d), ("b2_1d", b2_1d)):
-        if isinstance(value, numbers.Real) and not 0.0 <= value < 1.0:
-            fail(name, "must be in [0, 1)", value)
-    if isinstance(gamma, numbers.Real) and not 0.0 <= gamma <= 1.0:
-        fail("gamma", "must be in [0, 1]", gamma)
-    for name, value in (
-        ("eps", eps),
-        ("learning_rate", learning_rate),
-        ("learning_rate_1d", learning_rate_1d),
-        ("weight_decay", weight_decay),
-        ("weight_decay_1d", weight_decay_1d),
-    ):
-        if isinstance(value, numbers.Real) and not 0.0 <= value < math.inf:
-            fail(name, "must be >= 0 and finite", value)
-    if max_grad_norm is not None and not (isinstance(max_grad_norm, numbers.Real) and 0 < max_grad_norm < math.inf):
-        fail("max_grad_norm", "must be None or > 0 and finite", max_grad_norm)
+def mars_shampoo(c, m, v, layout: MatrixLayout, *, b1):
+    """MARS-Shampoo: NS5(m / (1 - b1)) * sqrt(max(1, rows / cols))."""
+    m = momentum(m, c, b1)
+    # m * (1/(1-b1)) rather than m/(1-b1): the reference rescales this way, and NS5 amplifies last bits.
+    direction = orthogonalize(m * (1.0 / (1.0 - b1)), layout) * max(1.0, layout.rows / layout.cols) ** 0.5
+    return direction, m, v
 
 
 def _uses_mars(role: TensorRole, optimize_1d: bool) -> bool:
@@ -157,44 +105,6 @@ def _uses_second_moment(role: TensorRole, variant: str, optimize_1d: bool) -> bo
     if not _uses_mars(role, optimize_1d):
         return True  # the AdamW branch
     return variant == "adamw" or (variant == "shampoo" and not role.is_matrix)
-
-
-def _adam_direction(m: jax.Array, v: jax.Array, t: jax.Array, b1: float, b2: float, eps: float) -> jax.Array:
-    bias_correction1 = 1.0 - jnp.power(b1, t)
-    bias_correction2 = 1.0 - jnp.power(b2, t)
-    return m / ((jnp.sqrt(v) / jnp.sqrt(bias_correction2) + eps) * bias_correction1)
-
-
-def _corrected_gradient(g: jax.Array, g_prev: jax.Array | None, gamma: Any, b1: float) -> jax.Array:
-    """c = g + gamma * b1/(1-b1) * (g - g_prev), clipped to unit L2 norm (this tensor, this layer)."""
-    if g_prev is not None:
-        g = (g - g_prev) * (gamma * (b1 / (1.0 - b1))) + g
-    norm = jnp.sqrt(jnp.sum(jnp.square(g)))
-    return g / jnp.maximum(norm, 1.0)
-
-
-def _shampoo_direction(m: jax.Array, role: TensorRole, axis_names: tuple[str, ...] | None) -> jax.Array:
-    """NS5 of one layer's matrix with rows = Out axes and cols = In axes, returned in m's layout."""
-    if axis_names is None:  # plain 2-D array: rows are dim 0
-        permutation = (0, 1)
-        rows, cols = m.shape
-    else:
-        assert role.rows is not None and role.cols is not None
-        order = role.rows + role.cols
-        if sorted(order) != sorted(axis_names):
-            raise ValueError(
-                f"MARS-Shampoo: a matrix with axes {axis_names} (per layer) is not rows {role.rows} x cols "
-                f"{role.cols}; declare its layout with register_tensor_role_rule"
-            )
-        permutation = tuple(axis_names.index(name) for name in order)
-        sizes = dict(zip(axis_names, m.shape))
-        rows = math.prod(sizes[n] for n in role.rows)
-        cols = math.prod(sizes[n] for n in role.cols)
-    as_matrix = jnp.transpose(m, permutation)
-    orthogonal = newton_schulz5(as_matrix.reshape(rows, cols)).reshape(as_matrix.shape)
-    factor = max(1.0, rows / cols) ** 0.5
-    inverse = tuple(sorted(range(len(permutation)), key=permutation.__getitem__))
-    return jnp.transpose(orthogonal, inverse) * factor
 
 
 def scale_by_mars(
@@ -239,11 +149,14 @@ def scale_by_mars(
     mu_dtype = None if mu_dtype is None else jax.dtypes.canonicalize_dtype(mu_dtype)
     prev_dtype = None if prev_dtype is None else jax.dtypes.canonicalize_dtype(prev_dtype)
 
+    def uses_mars(role: TensorRole, tree: Any, make: Callable[[Any], Any]) -> Any:
+        return make(tree) if _uses_mars(role, optimize_1d) else ABSENT
+
     def init_fn(params: optax.Params) -> ScaleByMarsState:
         roles = tensor_roles(params)
         mu = map_roles(lambda role, p: otu.tree_zeros_like(p, dtype=mu_dtype), roles, params)
         nu = map_roles(
-            lambda role, p: otu.tree_zeros_like(p) if _uses_second_moment(role, variant, optimize_1d) else _ABSENT,
+            lambda role, p: otu.tree_zeros_like(p) if _uses_second_moment(role, variant, optimize_1d) else ABSENT,
             roles,
             params,
         )
@@ -251,96 +164,42 @@ def scale_by_mars(
             prev = otu.tree_cast(jax.tree.map(jnp.copy, params), prev_dtype)
         else:
             prev = map_roles(
-                lambda role, p: otu.tree_zeros_like(p, dtype=prev_dtype) if _uses_mars(role, optimize_1d) else _ABSENT,
-                roles,
-                params,
+                lambda role, p: uses_mars(role, p, lambda p: otu.tree_zeros_like(p, dtype=prev_dtype)), roles, params
             )
         return ScaleByMarsState(count=jnp.zeros([], jnp.int32), mu=mu, nu=nu, prev=prev)
 
-    def leaf_kernel(role: TensorRole, t: jax.Array, gamma_t: Any, g: Any, mu: Any, nu: Any, g_prev: Any):
-        """One tensor of one layer: plain arrays or single-layer NamedArrays in, the same out."""
-        axis_names = tuple(a.name for a in g.axes) if hax.is_named_array(g) else None
-
-        def raw(x: Any) -> Any:
-            if _absent(x):
-                return None
-            return x.rearrange(g.axes).array if hax.is_named_array(x) else x
-
-        def named(x: Any, like: Any) -> Any:
-            if x is None:
-                return _ABSENT
-            x = x.astype(raw(like).dtype)
-            return hax.named(x, g.axes) if axis_names is not None else x
-
-        g32 = raw(g).astype(jnp.float32)
-        m = raw(mu).astype(jnp.float32)
-        v = None if _absent(nu) else raw(nu).astype(jnp.float32)
-
+    def rule_for(role: TensorRole, t: jax.Array, gamma_t: Any):
         if not _uses_mars(role, optimize_1d):
-            m = b1_1d * m + (1.0 - b1_1d) * g32
-            v = b2_1d * v + (1.0 - b2_1d) * jnp.square(g32)
-            direction = _adam_direction(m, v, t, b1_1d, b2_1d, eps)
-        else:
-            prev32 = None if _absent(g_prev) else raw(g_prev).astype(jnp.float32)
-            c = _corrected_gradient(g32, prev32, gamma_t, b1)
-            m = b1 * m + (1.0 - b1) * c
-            if variant == "lion":
-                direction = jnp.sign(m)
-            elif variant == "shampoo" and role.is_matrix:
-                # m * (1/(1-b1)) rather than m/(1-b1): the reference rescales this way, and NS5 amplifies last bits.
-                direction = _shampoo_direction(m * (1.0 / (1.0 - b1)), role, axis_names)
-            else:
-                v = b2 * v + (1.0 - b2) * jnp.square(c)
-                direction = _adam_direction(m, v, t, b1, b2, eps)
+            # Vector tensors' separate AdamW, on the raw gradient.
+            return lambda g, m, v, g_prev, layout: adam(g, m, v, t=t, b1=b1_1d, b2=b2_1d, eps=eps)
 
-        return _LeafUpdate(named(direction, g), named(m, mu), named(v, nu))
+        def mars_rule(g, m, v, g_prev, layout):
+            c = clip_to_unit_norm(corrected_gradient(g, g_prev, gamma_t, b1))
+            if variant == "lion":
+                return mars_lion(c, m, v, b1=b1)
+            if variant == "shampoo" and role.is_matrix:
+                return mars_shampoo(c, m, v, layout, b1=b1)
+            return adam(c, m, v, t=t, b1=b1, b2=b2, eps=eps)  # MARS-AdamW
+
+        return mars_rule
 
     def update_fn(updates, state: ScaleByMarsState, params=None, *, obj_fn=None, **extra_args):
         del extra_args
         roles = tensor_roles(updates)
         count_inc = optax.safe_increment(state.count)
-        gamma_t = _evaluate(gamma, state.count)
-
         if exact:
-            if obj_fn is None:
-                raise ValueError(
-                    "MARS exact mode needs the loss of the current batch: call update(grads, state, params, "
-                    "obj_fn=loss_fn), where loss_fn(params) -> scalar. Levanter's trainer passes it; with "
-                    "optax directly, pass it yourself (or use exact=False)."
-                )
-            if params is None:
-                raise ValueError("MARS exact mode needs params in update() to store the previous parameters")
-            previous_params = jax.tree.map(lambda q, p: q.astype(p.dtype), state.prev, params)
-            previous_grads = objective_gradient(obj_fn, previous_params)
-            if max_grad_norm is not None:
-                previous_grads, _ = optax.clip_by_global_norm(max_grad_norm).update(
-                    previous_grads, optax.EmptyState()
-                )
-            # The official code starts from a zero previous gradient in both modes.
-            first_step = state.count == 0
-            previous_grads = jax.tree.map(lambda x: jnp.where(first_step, jnp.zeros_like(x), x), previous_grads)
-            previous_grads = map_roles(
-                lambda role, g: g if _uses_mars(role, optimize_1d) else _ABSENT, roles, previous_grads
-            )
+            grads = previous_gradient(obj_fn, state.prev, params, state.count, max_grad_norm)
+            previous_grads = map_roles(lambda role, g: uses_mars(role, g, lambda g: g), roles, grads)
         else:
             previous_grads = state.prev
 
-        def leaf(role: TensorRole, g, mu, nu, g_prev):
-            kernel = functools.partial(leaf_kernel, role, count_inc, gamma_t)
-            out = per_layer(kernel, role)(g, mu, nu, g_prev)
-            return _LeafUpdate(*(restore_axis_order(o, like) for o, like in zip(out, (g, mu, nu))))
-
-        out = map_roles(leaf, roles, updates, state.mu, state.nu, previous_grads)
-        directions, mu, nu = _field(out, "direction"), _field(out, "mu"), _field(out, "nu")
+        rules = functools.partial(rule_for, t=count_inc, gamma_t=evaluate(gamma, state.count))
+        directions, mu, nu = update_tensors(rules, roles, updates, state.mu, state.nu, previous_grads)
 
         if exact:
             prev = otu.tree_cast(params, prev_dtype)
         else:
-            prev = map_roles(
-                lambda role, g: otu.tree_cast(g, prev_dtype) if _uses_mars(role, optimize_1d) else _ABSENT,
-                roles,
-                updates,
-            )
+            prev = map_roles(lambda role, g: uses_mars(role, g, lambda g: otu.tree_cast(g, prev_dtype)), roles, updates)
         return directions, ScaleByMarsState(count=count_inc, mu=mu, nu=nu, prev=prev)
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)

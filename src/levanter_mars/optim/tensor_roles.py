@@ -44,12 +44,14 @@ class TensorRole:
         layer_axes: names of the ``Stacked`` layer axes around this tensor; everything per-tensor is per layer.
         rows, cols: for named matrices, the axis names that form the rows (``Out``) and the columns (``In``).
             ``None`` for plain arrays, whose rows and columns are dims 0 and 1 (after the layer dims).
+        embedding: an ``Embedding`` table (a matrix to MARS; MARS-M gives embeddings to AdamW).
     """
 
     kind: TensorKind
     layer_axes: tuple[str, ...] = ()
     rows: tuple[str, ...] | None = None
     cols: tuple[str, ...] | None = None
+    embedding: bool = False
 
     @property
     def is_matrix(self) -> bool:
@@ -86,7 +88,11 @@ def _linear_rule(linear: hnn.Linear, layer_axes: tuple[str, ...]) -> hnn.Linear:
 
 def _embedding_rule(embedding: hnn.Embedding, layer_axes: tuple[str, ...]) -> hnn.Embedding:
     weight = TensorRole(
-        TensorKind.MATRIX, layer_axes, rows=_axis_names(embedding.Vocab), cols=_axis_names(embedding.Embed)
+        TensorKind.MATRIX,
+        layer_axes,
+        rows=_axis_names(embedding.Vocab),
+        cols=_axis_names(embedding.Embed),
+        embedding=True,
     )
     return _replace_if_array(embedding, weight=weight)
 

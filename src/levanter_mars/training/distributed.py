@@ -36,6 +36,13 @@ def start(trainer_config) -> None:
         heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
         initialization_timeout_s=INITIALIZATION_TIMEOUT_S,
     )
+    if is_multiprocess():
+        from jax.experimental import multihost_utils
+
+        # The first collective over all devices sets up their communicator, and on CPU (gloo) every host must reach
+        # it within 30 s of the others. Here they all just left jax.distributed's start-up barrier; the first
+        # training step comes after a compilation whose length differs from host to host.
+        multihost_utils.sync_global_devices("levanter_mars: every host is up")
 
 
 def is_leader() -> bool:

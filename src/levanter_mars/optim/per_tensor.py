@@ -1,0 +1,75 @@
+"""Named-axis plumbing: runs an update rule written for one plain-array tensor on every layer of every parameter.
+
+An update rule is ``rule(g, m, v, g_prev, layout) -> (direction, m, v)`` on float32 arrays of one layer, with
+``None`` for absent buffers (``v`` where there is no second moment, ``g_prev`` where there is no previous gradient) and
+a :class:`~levanter_mars.optim.update_rules.MatrixLayout` saying how the tensor reads as a matrix. The rule never sees
+a NamedArray, a layer axis or a storage dtype: :func:`update_tensor` unwraps them and puts them back.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import haliax as hax
+import jax
+import jax.numpy as jnp
+import optax
+
+from levanter_mars.optim.tensor_roles import TensorRole, map_roles, per_layer, restore_axis_order
+from levanter_mars.optim.update_rules import MatrixLayout
+
+ABSENT = optax.MaskedNode()
+
+UpdateRule = Callable[..., tuple[Any, Any, Any]]
+
+
+class TensorUpdate(NamedTuple):
+    direction: Any
+    mu: Any
+    nu: Any
+
+
+def is_absent(x: Any) -> bool:
+    return x is None or isinstance(x, optax.MaskedNode)
+
+
+def update_tensor(rule: UpdateRule, role: TensorRole, g: Any, mu: Any, nu: Any, g_prev: Any) -> TensorUpdate:
+    """Applies ``rule`` to each layer of one parameter tensor (plain array or NamedArray) and its buffers."""
+
+    def one_layer(g: Any, mu: Any, nu: Any, g_prev: Any) -> TensorUpdate:
+        axis_names = tuple(a.name for a in g.axes) if hax.is_named_array(g) else None
+
+        def raw(x: Any) -> Any:
+            if is_absent(x):
+                return None
+            return x.rearrange(g.axes).array if hax.is_named_array(x) else x
+
+        def float32(x: Any) -> Any:
+            return None if is_absent(x) else raw(x).astype(jnp.float32)
+
+        def stored_like(x: Any, like: Any) -> Any:
+            if x is None:
+                return ABSENT
+            x = x.astype(raw(like).dtype)
+            return hax.named(x, g.axes) if axis_names is not None else x
+
+        layout = MatrixLayout(role, axis_names, raw(g).shape)
+        direction, m, v = rule(float32(g), float32(mu), float32(nu), float32(g_prev), layout)
+        return TensorUpdate(stored_like(direction, g), stored_like(m, mu), stored_like(v, nu))
+
+    out = per_layer(one_layer, role)(g, mu, nu, g_prev)
+    return TensorUpdate(*(restore_axis_order(o, like) for o, like in zip(out, (g, mu, nu))))
+
+
+def update_tensors(
+    rule_for: Callable[[TensorRole], UpdateRule], roles: Any, updates: Any, mu: Any, nu: Any, g_prev: Any
+) -> TensorUpdate:
+    """:func:`update_tensor` on every tensor with the rule of its role; returns the three result trees."""
+    out = map_roles(
+        lambda role, g, m, v, p: update_tensor(rule_for(role), role, g, m, v, p), roles, updates, mu, nu, g_prev
+    )
+
+    def field(name: str) -> Any:
+        return jax.tree.map(lambda leaf: getattr(leaf, name), out, is_leaf=lambda x: isinstance(x, TensorUpdate))
+
+    return TensorUpdate(field("direction"), field("mu"), field("nu"))

@@ -1,0 +1,37 @@
+"""Under an FSDP x tensor-parallel mesh of 8 (simulated) devices MARS-M gives the 1-device result, with its state
+sharded like the parameters (the MARS-M counterpart of tests/test_sharding.py)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# bf16 Newton-Schulz amplifies the last-bit differences of sharded reductions (tests/test_sharding.py: shampoo).
+TOLERANCE = 1e-2
+CASES = ("approx", "exact", "efficient")
+
+
+@pytest.fixture(scope="module")
+def multidevice_results():
+    env = dict(os.environ)
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.helpers.multidevice_mars", "mars_m"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.multidevice
+@pytest.mark.parametrize("case", CASES)
+def test_eight_devices_match_one(multidevice_results, case):
+    result = multidevice_results[case]
+    assert result["params_are_sharded"]
+    assert result["max_rel_diff"] < TOLERANCE, result
+    assert result["mu_sharded_like_params"], result
+    assert result["prev_sharded_like_params"], result

@@ -1,0 +1,47 @@
+"""MARS-M through the training CLI on the tiny config: it trains, evaluates, and resumes bitwise after kill -9."""
+
+import json
+
+import pytest
+
+from levanter_mars.training.checkpoints import MANIFEST_NAME
+from levanter_mars.training.metrics import read_metrics
+from tests.helpers.training import describe_failure, kill_when, run_cli, run_paths, start_cli, tiny_config
+from tests.test_reliability import _rerun_matches_reference
+
+pytestmark = pytest.mark.slow
+
+MARS_M = {"optimizer": {"type": "mars-m", "learning_rate": 1e-2}}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("mars-m")
+
+
+@pytest.fixture(scope="module")
+def reference_run(workdir, pydocs_corpus):
+    """An uninterrupted MARS-M run: ``{"mars-m": (config, proc, paths)}``, shaped like ``reference_runs``."""
+    config = tiny_config(workdir, pydocs_corpus, "ref-mars-m", MARS_M)
+    proc = run_cli(config)
+    assert proc.returncode == 0, describe_failure(proc)
+    return {"mars-m": (config, proc, run_paths(workdir, "ref-mars-m"))}
+
+
+def test_trains_and_evaluates(reference_run):
+    _, proc, paths = reference_run["mars-m"]
+    records = read_metrics(paths["metrics"])
+    assert [r["step"] for r in records] == list(range(30))
+    assert all("optim/learning_rate" in r and "optim/gamma" in r for r in records)
+    evals = [r["eval/loss"] for r in records if "eval/loss" in r]
+    assert len(evals) >= 3 and evals[-1] < evals[0] - 0.5, evals
+    manifest = json.loads((paths["checkpoints"] / "step-29" / MANIFEST_NAME).read_text())
+    assert manifest["run_info"]["optimizer"]["type"] == "mars-m"
+
+
+def test_resumes_bitwise_after_kill_9(workdir, pydocs_corpus, reference_run):
+    config = tiny_config(workdir, pydocs_corpus, "kill-mars-m", MARS_M)
+    paths = run_paths(workdir, "kill-mars-m")
+    proc = start_cli(config, log_path=workdir / "kill-mars-m.log")
+    assert kill_when(proc, lambda: (paths["checkpoints"] / "step-20" / MANIFEST_NAME).exists(), poll=0.005)
+    _rerun_matches_reference(config, paths, reference_run, mode="mars-m", resumed_from=20)

@@ -3,7 +3,8 @@
 In this process (``gs`` fixture): manifests with the CRC32C of the object metadata, damage detection, quarantine in a
 constant number of object operations, provenance records of gs:// sources, the launcher's gs:// config path. Through
 the CLI (module fixtures, shared): a run with checkpoints and token cache on gs:// killed with -9 at a random step and
-rerun, a torn newest checkpoint, and the standalone eval of a gs:// checkpoint. Losses are held to the same run on
+rerun, a torn newest checkpoint, the standalone eval of a gs:// checkpoint, and a local pod of 2 processes sharing the
+bucket with one of them killed. Losses are held to the same run on
 local disk (tests/conftest.py: reference_runs).
 """
 
@@ -22,6 +23,7 @@ from levanter_mars.training import checkpoints as ckpt
 from levanter_mars.training.config import parse_config
 from levanter_mars.training.provenance import read_record
 from tests.helpers.evals import LOCAL_TASKS, OFFLINE_SUITE, item_loglikelihoods, run_eval_cli
+from tests.helpers.pod import run_pod, start_pod
 from tests.helpers.training import (
     describe_failure,
     kill_when,
@@ -212,6 +214,7 @@ def _assert_losses_equal_the_local_disk_run(paths, reference_runs, context):
     assert got == reference, (context, {s: (got.get(s), reference[s]) for s in reference if got.get(s) != reference[s]})
 
 
+@pytest.mark.slow
 def test_killed_run_on_gs_resumes_with_losses_bitwise_equal_to_local_disk(gs_run, reference_runs, gs, gcs):
     _, paths, kill_at, rerun = gs_run
     context = f"killed at step {kill_at}"
@@ -229,6 +232,7 @@ def test_killed_run_on_gs_resumes_with_losses_bitwise_equal_to_local_disk(gs_run
     assert "Tokenizing" not in output(rerun)
 
 
+@pytest.mark.slow
 def test_torn_newest_checkpoint_on_gs_is_quarantined_and_the_run_resumes_from_the_previous(
     gs_run, reference_runs, gs, gcs
 ):
@@ -252,6 +256,7 @@ def test_torn_newest_checkpoint_on_gs_is_quarantined_and_the_run_resumes_from_th
     assert not gs.exists(f"{_plain(newest)}/{ckpt.QUARANTINE_MARKER}")
 
 
+@pytest.mark.slow
 def test_standalone_eval_of_a_gs_checkpoint_equals_the_eval_of_its_local_copy(gs_run, workdir, gs, gcs):
     config, paths, _, _ = gs_run
     checkpoint = f"{paths['checkpoints']}/step-20"
@@ -267,3 +272,31 @@ def test_standalone_eval_of_a_gs_checkpoint_equals_the_eval_of_its_local_copy(gs
         assert proc.returncode == 0, describe_failure(proc)
         results[where] = item_loglikelihoods(workdir / f"eval-{where}" / "results.json")
     assert results["gs"] == results["local"] and len(results["gs"]) > 0
+
+
+@pytest.mark.slow
+def test_pod_sharing_the_bucket_resumes_after_a_killed_host_like_the_uninterrupted_pod(
+    workdir, pydocs_corpus, gcs, pod_reference
+):
+    """2 processes x 2 devices with their checkpoints in the bucket; one is killed with -9 at a random step after
+    step 10 is committed, then the pod is restarted: both hosts resume from the same gs:// checkpoint (process 0
+    audits and quarantines, in place, whatever the kill tore) and the losses equal the uninterrupted pod's."""
+    run_id = "gs-pod"
+    config = tiny_config(workdir, pydocs_corpus, run_id, {"trainer": {"checkpointer": {"base_path": gcs.gs("pod")}}})
+    paths = run_paths(workdir, run_id)
+    fs = gcsfs.GCSFileSystem(endpoint_url=gcs.url, token="anon", skip_instance_cache=True)
+    committed = f"{gcs.bucket}/pod/{run_id}/step-10/{ckpt.MANIFEST_NAME}"
+    victim, kill_at = random.randrange(2), random.randint(11, 28)
+    pod = start_pod(config, log_dir=workdir / "logs", name=run_id, env=gcs.env)
+    try:
+        assert kill_when(pod.procs[victim], lambda: last_step(paths["metrics"]) >= kill_at and fs.exists(committed),
+                         poll=0.2), pod.describe()
+    finally:
+        pod.kill()  # the survivor would end itself (tests/test_multihost.py); a pod restart does not wait for it
+    rerun = run_pod(config, log_dir=workdir / "logs", name=f"{run_id}-rerun", env=gcs.env)
+    context = f"killed process {victim} at step {kill_at}"
+    assert [p.returncode for p in rerun.procs] == [0, 0], (context, rerun.describe())
+    for i in range(2):
+        assert f"Resuming from gs://{gcs.bucket}/pod/{run_id}/step-" in rerun.output(i), (context, rerun.describe())
+    got, reference = losses(paths["metrics"]), losses(pod_reference[2]["metrics"])
+    assert got == reference and sorted(got) == list(range(30)), context

@@ -42,7 +42,8 @@ def main(argv=None) -> int:
         def make(name: str, n: int) -> str:
             root = f"{gcs.bucket}/{name}/run/step-20"
             fs.pipe({f"{root}/model/w/c.{i}": b"\x01" * 64 for i in range(n - 2)})
-            fs.pipe(f"{root}/{ckpt.METADATA_NAME}", json.dumps({"step": 20, "timestamp": "2026-01-01T00:00:00"}).encode())
+            metadata = {"step": 20, "timestamp": "2026-01-01T00:00:00"}
+            fs.pipe(f"{root}/{ckpt.METADATA_NAME}", json.dumps(metadata).encode())
             ckpt.write_manifest(f"gs://{root}", step=20)
             fs.invalidate_cache()
             gcs.requests.clear()

@@ -24,17 +24,7 @@ from levanter_mars.training.config import parse_config
 from levanter_mars.training.provenance import read_record
 from tests.helpers.evals import LOCAL_TASKS, OFFLINE_SUITE, item_loglikelihoods, run_eval_cli
 from tests.helpers.pod import run_pod, start_pod
-from tests.helpers.training import (
-    describe_failure,
-    kill_when,
-    last_step,
-    losses,
-    output,
-    run_cli,
-    run_paths,
-    start_cli,
-    tiny_config,
-)
+from tests.helpers import training as cli
 
 
 @pytest.fixture
@@ -140,12 +130,15 @@ def test_a_step_saved_anew_after_a_quarantine_is_audited_and_loses_the_marker(gs
 
 
 def test_provenance_record_of_gs_sources_notices_a_same_size_rewrite(gs, gcs, tmp_path, pydocs_corpus):
-    data = {"train_urls": [gcs.gs("provenance/train.jsonl")], "validation_urls": [gcs.gs("provenance/validation.jsonl")],
-            "cache_dir": gcs.gs("provenance/tokenized")}
+    data = {
+        "train_urls": [gcs.gs("provenance/train.jsonl")],
+        "validation_urls": [gcs.gs("provenance/validation.jsonl")],
+        "cache_dir": gcs.gs("provenance/tokenized"),
+    }
     for split in ("train", "validation"):
         lines = (pydocs_corpus / f"{split}.jsonl").read_text().splitlines(True)[:20]
         gs.pipe(_plain(data[f"{split}_urls"][0]), "".join(lines).encode())
-    config = tiny_config(tmp_path, pydocs_corpus, "provenance", {"data": data})
+    config = cli.tiny_config(tmp_path, pydocs_corpus, "provenance", {"data": data})
     check = cache_check.check_and_prepare(parse_config(["--config_path", str(config)]).data)
     train_cache = f"{data['cache_dir']}/train"
     assert train_cache in check.new
@@ -164,7 +157,7 @@ def test_provenance_record_of_gs_sources_notices_a_same_size_rewrite(gs, gcs, tm
 def test_launcher_dry_run_reads_the_training_config_from_gs(gs, gcs, tmp_path, pydocs_corpus, capsys):
     from levanter_mars.infra import launch
 
-    local = tiny_config(tmp_path, pydocs_corpus, "from-gs", {"model": {"hidden_dim": 48}})
+    local = cli.tiny_config(tmp_path, pydocs_corpus, "from-gs", {"model": {"hidden_dim": 48}})
     url = gcs.gs("configs/from-gs.yaml")
     gs.pipe(_plain(url), local.read_bytes())
     bucket = ["--trainer.checkpointer.base_path", gcs.gs("ckpt"), "--data.cache_dir", gcs.gs("tok")]
@@ -192,33 +185,33 @@ def gs_run(workdir, pydocs_corpus, gcs, reference_runs):
         # Temporary checkpoints too, and their deletion once the next one is committed.
         "trainer": {"checkpointer": {"base_path": gcs.gs("checkpoints"), "save_interval": "3s"}},
     }
-    config = tiny_config(workdir, pydocs_corpus, run_id, overrides)
-    paths = run_paths(workdir, run_id)
+    config = cli.tiny_config(workdir, pydocs_corpus, run_id, overrides)
+    paths = cli.run_paths(workdir, run_id)
     paths["checkpoints"] = gcs.gs("checkpoints", run_id)
     kill_at = random.randint(11, 28)
     # Once step-10 is committed (the emulator may still be writing it at step 14): the rerun must resume, not restart.
     fs = gcsfs.GCSFileSystem(endpoint_url=gcs.url, token="anon", skip_instance_cache=True)
     committed = f"{_plain(paths['checkpoints'])}/step-10/{ckpt.MANIFEST_NAME}"
-    killed = start_cli(config, log_path=workdir / f"{run_id}.log", env=gcs.env)
-    assert kill_when(killed, lambda: last_step(paths["metrics"]) >= kill_at and fs.exists(committed), poll=0.2), (
-        f"ended before step {kill_at}"
-    )
-    rerun = run_cli(config, env=gcs.env)
-    assert rerun.returncode == 0, f"killed at step {kill_at}\n" + describe_failure(rerun)
+    killed = cli.start_cli(config, log_path=workdir / f"{run_id}.log", env=gcs.env)
+    reached = lambda: cli.last_step(paths["metrics"]) >= kill_at and fs.exists(committed)  # noqa: E731
+    assert cli.kill_when(killed, reached, poll=0.2), f"ended before step {kill_at}"
+    rerun = cli.run_cli(config, env=gcs.env)
+    assert rerun.returncode == 0, f"killed at step {kill_at}\n" + cli.describe_failure(rerun)
     return config, paths, kill_at, rerun
 
 
 def _assert_losses_equal_the_local_disk_run(paths, reference_runs, context):
-    got, reference = losses(paths["metrics"]), losses(reference_runs["approx"][2]["metrics"])
+    got, reference = cli.losses(paths["metrics"]), cli.losses(reference_runs["approx"][2]["metrics"])
     assert sorted(got) == list(range(30)), context
-    assert got == reference, (context, {s: (got.get(s), reference[s]) for s in reference if got.get(s) != reference[s]})
+    differing = {s: (got.get(s), reference[s]) for s in reference if got.get(s) != reference[s]}
+    assert got == reference, (context, differing)
 
 
 @pytest.mark.slow
 def test_killed_run_on_gs_resumes_with_losses_bitwise_equal_to_local_disk(gs_run, reference_runs, gs, gcs):
     _, paths, kill_at, rerun = gs_run
     context = f"killed at step {kill_at}"
-    assert f"Resuming from {paths['checkpoints']}/step-" in output(rerun), (context, output(rerun)[-3000:])
+    assert f"Resuming from {paths['checkpoints']}/step-" in cli.output(rerun), (context, cli.output(rerun)[-3000:])
     _assert_losses_equal_the_local_disk_run(paths, reference_runs, context)
     statuses = ckpt.audit_run(paths["checkpoints"])
     assert all(s.state == "verified" for s in statuses), statuses
@@ -229,7 +222,7 @@ def test_killed_run_on_gs_resumes_with_losses_bitwise_equal_to_local_disk(gs_run
     for split in ("train", "validation"):
         cache = gcs.gs("tokenized", split)
         assert gs.exists(f"{_plain(cache)}/shard_ledger.json") and read_record(cache)["split"] == split
-    assert "Tokenizing" not in output(rerun)
+    assert "Tokenizing" not in cli.output(rerun)
 
 
 @pytest.mark.slow
@@ -241,10 +234,10 @@ def test_torn_newest_checkpoint_on_gs_is_quarantined_and_the_run_resumes_from_th
     chunks = [p for p in gs.find(f"{_plain(newest)}/model") if not posixpath.basename(p).startswith(".z")]
     torn = max(chunks, key=lambda p: gs.info(p)["size"])
     gs.pipe(torn, gs.cat(torn)[: gs.info(torn)["size"] // 2])
-    rerun = run_cli(config, env=gcs.env)
-    assert rerun.returncode == 0, describe_failure(rerun)
-    assert f"Skipping corrupt checkpoint {newest}" in output(rerun)
-    assert f"Resuming from {paths['checkpoints']}/step-20" in output(rerun), output(rerun)[-3000:]
+    rerun = cli.run_cli(config, env=gcs.env)
+    assert rerun.returncode == 0, cli.describe_failure(rerun)
+    assert f"Skipping corrupt checkpoint {newest}" in cli.output(rerun)
+    assert f"Resuming from {paths['checkpoints']}/step-20" in cli.output(rerun), cli.output(rerun)[-3000:]
     _assert_losses_equal_the_local_disk_run(paths, reference_runs, "torn step-29")
     (record,) = gs.glob(f"{_plain(paths['checkpoints'])}.quarantine/step-29.*")
     assert sorted(posixpath.basename(p) for p in gs.ls(record)) == sorted(
@@ -269,7 +262,7 @@ def test_standalone_eval_of_a_gs_checkpoint_equals_the_eval_of_its_local_copy(gs
             "--task_spec", '["pydocs_mc"]', "--include_path", f'["{LOCAL_TASKS}"]',
             "--output_dir", str(workdir / f"eval-{where}"), env=gcs.env,
         )
-        assert proc.returncode == 0, describe_failure(proc)
+        assert proc.returncode == 0, cli.describe_failure(proc)
         results[where] = item_loglikelihoods(workdir / f"eval-{where}" / "results.json")
     assert results["gs"] == results["local"] and len(results["gs"]) > 0
 
@@ -282,15 +275,16 @@ def test_pod_sharing_the_bucket_resumes_after_a_killed_host_like_the_uninterrupt
     step 10 is committed, then the pod is restarted: both hosts resume from the same gs:// checkpoint (process 0
     audits and quarantines, in place, whatever the kill tore) and the losses equal the uninterrupted pod's."""
     run_id = "gs-pod"
-    config = tiny_config(workdir, pydocs_corpus, run_id, {"trainer": {"checkpointer": {"base_path": gcs.gs("pod")}}})
-    paths = run_paths(workdir, run_id)
+    overrides = {"trainer": {"checkpointer": {"base_path": gcs.gs("pod")}}}
+    config = cli.tiny_config(workdir, pydocs_corpus, run_id, overrides)
+    paths = cli.run_paths(workdir, run_id)
     fs = gcsfs.GCSFileSystem(endpoint_url=gcs.url, token="anon", skip_instance_cache=True)
     committed = f"{gcs.bucket}/pod/{run_id}/step-10/{ckpt.MANIFEST_NAME}"
     victim, kill_at = random.randrange(2), random.randint(11, 28)
     pod = start_pod(config, log_dir=workdir / "logs", name=run_id, env=gcs.env)
     try:
-        assert kill_when(pod.procs[victim], lambda: last_step(paths["metrics"]) >= kill_at and fs.exists(committed),
-                         poll=0.2), pod.describe()
+        reached = lambda: cli.last_step(paths["metrics"]) >= kill_at and fs.exists(committed)  # noqa: E731
+        assert cli.kill_when(pod.procs[victim], reached, poll=0.2), pod.describe()
     finally:
         pod.kill()  # the survivor would end itself (tests/test_multihost.py); a pod restart does not wait for it
     rerun = run_pod(config, log_dir=workdir / "logs", name=f"{run_id}-rerun", env=gcs.env)
@@ -298,5 +292,5 @@ def test_pod_sharing_the_bucket_resumes_after_a_killed_host_like_the_uninterrupt
     assert [p.returncode for p in rerun.procs] == [0, 0], (context, rerun.describe())
     for i in range(2):
         assert f"Resuming from gs://{gcs.bucket}/pod/{run_id}/step-" in rerun.output(i), (context, rerun.describe())
-    got, reference = losses(paths["metrics"]), losses(pod_reference[2]["metrics"])
+    got, reference = cli.losses(paths["metrics"]), cli.losses(pod_reference[2]["metrics"])
     assert got == reference and sorted(got) == list(range(30)), context

@@ -105,3 +105,13 @@ def pod_reference(tmp_path_factory, pydocs_corpus):
     pod = run_pod(config, log_dir=workdir / "logs", name="pod-approx")
     assert [p.returncode for p in pod.procs] == [0, 0], pod.describe()
     return config, pod, run_paths(workdir, "pod-approx")
+
+
+@pytest.fixture(scope="session")
+def gcs():
+    """A local GCS (gcp-storage-emulator on 127.0.0.1, in memory) for the whole session; see tests/helpers/gcs.py.
+    Processes reach it through ``gcs.env`` only."""
+    from tests.helpers.gcs import gcs_emulator
+
+    with gcs_emulator() as emulator:
+        yield emulator

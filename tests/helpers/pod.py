@@ -64,11 +64,11 @@ class PodRun:
 
 def start_pod(
     config_path: Path, *extra: str, num_processes: int = 2, devices: int = 2, log_dir: Path, prelude: str = "",
-    name: Optional[str] = None,
+    name: Optional[str] = None, env: Optional[dict[str, str]] = None,
 ) -> PodRun:
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
-    env = _env({"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"})
+    env = _env({**(env or {}), "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"})
     procs, logs = [], []
     for i in range(num_processes):
         log = log_dir / f"{name or config_path.stem}.process-{i}.{port}.log"

@@ -85,11 +85,13 @@ def run_cli(
     )
 
 
-def start_cli(config_path: Path, *extra: str, prelude: str = "", log_path: Optional[Path] = None) -> subprocess.Popen:
+def start_cli(
+    config_path: Path, *extra: str, prelude: str = "", log_path: Optional[Path] = None,
+    env: Optional[dict[str, str]] = None,
+) -> subprocess.Popen:
     log = open(log_path, "w") if log_path else subprocess.DEVNULL
-    return subprocess.Popen(
-        cli_command(config_path, *extra, prelude=prelude), cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT
-    )
+    command = cli_command(config_path, *extra, prelude=prelude)
+    return subprocess.Popen(command, cwd=REPO, env=_env(env), stdout=log, stderr=subprocess.STDOUT)
 
 
 def kill_when(proc: subprocess.Popen, condition: Callable[[], bool], timeout: float = 300, poll: float = 0.05) -> bool:

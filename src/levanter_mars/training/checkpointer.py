@@ -77,6 +77,7 @@ class VerifiedCheckpointer(Checkpointer):
             self.before_save()
 
         def commit():  # process 0 only, once every host's writes are done
+            ckpt.clear_quarantine_marker(path)  # this step was quarantined in place before: now saved anew
             ckpt.write_manifest(path, step=step, run_info=self.run_info)
             if commit_callback is not None:
                 commit_callback()  # deletes the previous temporary checkpoint: only after this one is complete

@@ -16,8 +16,20 @@ On local disk, files are written before ``metadata.json`` and the manifest is wr
 renamed. On GCS every object write is atomic and the manifest is the last object written, after tensorstore has
 committed every array, so the same reasoning holds; CRC32C values come from the object metadata, without reading.
 
-Bad checkpoints are moved to ``<checkpoint dir>.quarantine/`` (never deleted), so that neither Levanter's
-discovery nor a later save at the same step can mix with them.
+Bad checkpoints are set aside under ``<checkpoint dir>.quarantine/`` (never deleted), so that neither Levanter's
+discovery nor our audit uses them again. On local disk the whole directory is renamed there. Object storage has no
+rename (a "move" copies and deletes every object: minutes for thousands of objects, while every host waits), so there
+the quarantine costs a constant number of object operations, whatever the checkpoint's size:
+
+* ``metadata.json`` and the manifest are moved into ``<checkpoint dir>.quarantine/step-N.<time>/``, with
+  ``QUARANTINE_REASON.txt``: without ``metadata.json``, Levanter's discovery no longer sees the checkpoint;
+* a marker, ``QUARANTINED.json``, is written into the checkpoint's own prefix: :func:`candidate_checkpoints` skips a
+  marked prefix that has no ``metadata.json``;
+* the arrays stay where they are until a later save of the same step rewrites them (docs/reliability.md says how to
+  restore one by hand).
+
+A marked prefix that has a ``metadata.json`` again was saved anew after the quarantine and is audited as usual (the
+checkpointer removes the stale marker when it commits).
 """
 
 from __future__ import annotations
@@ -40,6 +52,8 @@ logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = "levanter_mars_manifest.json"
 METADATA_NAME = "metadata.json"
+QUARANTINE_MARKER = "QUARANTINED.json"
+REASON_NAME = "QUARANTINE_REASON.txt"
 _CHUNK = 8 << 20
 
 
@@ -91,7 +105,7 @@ def _list_files(fs: fsspec.AbstractFileSystem, root: str) -> dict[str, int]:
         if info.get("type", "file") != "file":
             continue
         rel = posixpath.relpath(path, root)
-        if rel == MANIFEST_NAME or rel.endswith(".tmp"):
+        if rel in (MANIFEST_NAME, QUARANTINE_MARKER) or rel.endswith(".tmp"):
             continue
         files[rel] = int(info["size"])
     return files
@@ -182,17 +196,22 @@ def candidate_checkpoints(run_checkpoint_dir: str) -> list[str]:
     fs, root = _fs_and_path(run_checkpoint_dir)
     if not fs.exists(root):
         return []
-    # A directory not named like a checkpoint (notes, a backup) is one only if it has metadata.json: without it, it is
-    # not a torn checkpoint and must not be quarantined as one.
-    dirs = [
-        _with_protocol(fs, p)
-        for p in sorted(fs.ls(root, detail=False))
-        if fs.isdir(p)
-        and (_STEP_DIR.fullmatch(posixpath.basename(p.rstrip("/"))) or fs.exists(posixpath.join(p, METADATA_NAME)))
-    ]
+    dirs = [_with_protocol(fs, p) for p in sorted(fs.ls(root, detail=False)) if fs.isdir(p) and _is_candidate(fs, p)]
     if fs.exists(posixpath.join(root, METADATA_NAME)):
         dirs.append(run_checkpoint_dir)
     return dirs
+
+
+def _is_candidate(fs: fsspec.AbstractFileSystem, directory: str) -> bool:
+    names = {posixpath.basename(p.rstrip("/")) for p in fs.ls(directory, detail=False)}  # one listing, no recursion
+    if METADATA_NAME in names:
+        return True
+    # Quarantined in place on object storage (see the module docstring): already set aside.
+    if QUARANTINE_MARKER in names:
+        return False
+    # A directory not named like a checkpoint (notes, a backup) is one only if it has metadata.json: without it, it is
+    # not a torn checkpoint and must not be quarantined as one.
+    return bool(_STEP_DIR.fullmatch(posixpath.basename(directory.rstrip("/"))))
 
 
 def audit_run(run_checkpoint_dir: str, *, verify_checksums: bool = True) -> list[CheckpointStatus]:
@@ -203,18 +222,54 @@ def audit_run(run_checkpoint_dir: str, *, verify_checksums: bool = True) -> list
 
 
 def quarantine(checkpoint_path: str, reason: str) -> str:
-    """Moves a bad checkpoint out of the run's checkpoint directory, keeping it for inspection."""
+    """Sets a bad checkpoint aside under ``<run dir>.quarantine/``, keeping it for inspection. Returns where its
+    record went. Local disk: the directory is renamed there. Object storage: a constant number of object operations
+    (see the module docstring)."""
     fs, root = _fs_and_path(checkpoint_path)
     parent, name = posixpath.split(root.rstrip("/"))
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
     destination_dir = parent + ".quarantine"
     fs.makedirs(destination_dir, exist_ok=True)
     destination = posixpath.join(destination_dir, f"{name}.{stamp}")
-    fs.mv(root, destination, recursive=True)
-    with fs.open(posixpath.join(destination, "QUARANTINE_REASON.txt"), "w") as f:
-        f.write(reason + "\n")
-    logger.warning("Quarantined checkpoint %s -> %s: %s", checkpoint_path, destination, reason)
-    return destination
+    if _is_local(fs):
+        fs.mv(root, destination, recursive=True)
+        _write_text(fs, posixpath.join(destination, REASON_NAME), reason + "\n")
+    else:
+        _quarantine_in_place(fs, root, destination, reason)
+    logger.warning("Quarantined checkpoint %s -> %s: %s", checkpoint_path, _with_protocol(fs, destination), reason)
+    return _with_protocol(fs, destination)
+
+
+def _quarantine_in_place(fs: fsspec.AbstractFileSystem, root: str, destination: str, reason: str) -> None:
+    """Copies first, deletes last: interrupted anywhere, the checkpoint is either still whole (and quarantined again
+    on the next audit) or set aside, never lost."""
+    small = [n for n in (METADATA_NAME, MANIFEST_NAME) if fs.exists(posixpath.join(root, n))]
+    for n in small:
+        fs.copy(posixpath.join(root, n), posixpath.join(destination, n))
+    arrays = fs.unstrip_protocol(root)
+    _write_text(fs, posixpath.join(destination, REASON_NAME), (
+        f"{reason}\n\nQuarantined in place (object storage): the arrays stay under {arrays}/ until a later save of "
+        f"the same step rewrites them; {', '.join(small) or 'nothing else'} moved here. To restore: copy them back "
+        f"into {arrays}/ and delete {arrays}/{QUARANTINE_MARKER} (docs/reliability.md).\n"
+    ))
+    _write_text(fs, posixpath.join(root, QUARANTINE_MARKER), json.dumps(
+        {"reason": reason, "moved_to": fs.unstrip_protocol(destination), "moved": small}, indent=1
+    ))
+    for n in small:  # metadata.json first: from then on Levanter's discovery no longer sees the checkpoint
+        fs.rm(posixpath.join(root, n))
+
+
+def clear_quarantine_marker(checkpoint_path: str) -> None:
+    """Removes the marker a quarantine in place left, once a new checkpoint of the same step is committed there."""
+    fs, root = _fs_and_path(checkpoint_path)
+    marker = posixpath.join(root, QUARANTINE_MARKER)
+    if not _is_local(fs) and fs.exists(marker):
+        fs.rm(marker)
+
+
+def _write_text(fs: fsspec.AbstractFileSystem, path: str, text: str) -> None:
+    with fs.open(path, "w") as f:
+        f.write(text)
 
 
 def check_writable(directory: str) -> None:

@@ -2,8 +2,9 @@
 
 Levanter builds token caches with Ray actors. That costs a Ray start-up and, on a 2-CPU machine, a cache actor can
 deadlock waiting for a CPU. For local sources we build the identical cache (same processor, same metadata) in this
-process with Levanter's ``SerialCacheWriter``; Levanter then finds and loads it. Remote sources (gs://, hf://, an HF
-dataset id) are left to Levanter, or to ``scripts/pretokenize.py``.
+process with Levanter's ``SerialCacheWriter``, wherever the cache lives (a local directory or gs://); Levanter then
+finds and loads it. Remote sources (gs://, hf://, an HF dataset id) are left to Levanter, or to
+``scripts/pretokenize.py``.
 """
 
 from __future__ import annotations
@@ -94,13 +95,14 @@ def missing_data_paths(data) -> list[str]:
 
 
 def build_local_caches(data) -> list[str]:
-    """Builds missing token caches of local URL sources, serially. Returns the cache directories it built."""
+    """Builds missing token caches of local URL sources, serially (the cache itself may be on gs://). Returns the
+    cache directories it built."""
     built = []
     for name, component in data_sources(data):
         if not isinstance(component, UrlSingleDatasetLMConfig) and not hasattr(component, "train_urls"):
             continue
         cache_dir = component_cache_dir(data, component, name)
-        if not cache_dir or not is_local(cache_dir):
+        if not cache_dir:
             continue
         tokenizer = data.the_tokenizer if isinstance(data, LMMixtureDatasetConfig) else component.the_tokenizer
         for split in SPLITS:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import equinox as eqx
 import jax
@@ -49,13 +50,36 @@ class VerifiedCheckpointer(Checkpointer):
         self.run_info = {}
         self.before_save = None
         self.resumed_step = None
+        self._deferred: Optional[list] = None
+        self._pending: list = []
 
     def on_step(self, info, force: bool = False):
+        if self._deferred is not None:
+            self._deferred.append((info, force))
+            return
         self.raise_if_failed()
         # Decided from what every host knows alike (never from a listing that one host may see before another).
         if force and int(info.step) in (last_saved_step(self), self.resumed_step):
             return
         super().on_step(info, force=force)
+
+    @contextlib.contextmanager
+    def deferring(self) -> Iterator[None]:
+        """Saves requested meanwhile wait for :meth:`save_deferred`. Levanter logs a step's training metrics (its
+        loss) after that step's hooks and more after the step; a checkpoint saved from the hook could be on disk
+        before its step's metrics are in metrics.jsonl, and a kill then would lose them for good (the resumed run
+        does not redo the step). The trainer saves at the start of the next step instead."""
+        self._deferred = []
+        try:
+            yield
+        finally:
+            self._pending, self._deferred = self._deferred, None
+
+    def save_deferred(self) -> None:
+        pending, self._pending = self._pending, []
+        for info, force in pending:
+            if int(info.step) != last_saved_step(self):  # the final forced save may have written it already
+                self.on_step(info, force=force)
 
     def raise_if_failed(self) -> None:
         try:

@@ -185,6 +185,8 @@ class MarsTrainer(FixedTrainer):
         self.order_hooks(lambda fn: checkpointer_step is not None and getattr(fn, "fn", None) == checkpointer_step)
         try:
             info = super().train(state, train_loader)
+            if isinstance(self.checkpointer, VerifiedCheckpointer):
+                self.checkpointer.save_deferred()
         finally:
             # Never leave a checkpoint half-written behind an exception, keep what was logged, and stop prefetching.
             if self.checkpointer is not None:
@@ -200,6 +202,15 @@ class MarsTrainer(FixedTrainer):
                 f"{self.num_train_steps} (a checkpoint was saved). Add data, raise `epoch`, or lower num_train_steps."
             )
         return info
+
+    def train_step(self, state, *batch, **batch_kwargs):
+        if not isinstance(self.checkpointer, VerifiedCheckpointer):
+            return super().train_step(state, *batch, **batch_kwargs)
+        # A step's checkpoint is written at the start of the next step, once all of its metrics are logged
+        # (see VerifiedCheckpointer.deferring); the last step's, by the final forced hooks or at the end of train.
+        self.checkpointer.save_deferred()
+        with self.checkpointer.deferring():
+            return super().train_step(state, *batch, **batch_kwargs)
 
     def objective(self, state, batch, batch_kwargs, key) -> BatchObjective:
         return BatchObjective(self, state, batch, batch_kwargs, key)

@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast test-extended clean-demo lock
+.PHONY: setup demo test test-fast clean-demo lock
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"levanter-mars needs Python 3.11, found {sys.version.split()[0]} at {sys.executable}"'
@@ -28,10 +28,6 @@ test: setup
 ## Set up, then run the tests that are not marked slow.
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(ARGS)
-
-## Set up, then run only the extended tests (long variants that .ci/run leaves out: about 5 minutes).
-test-extended: setup
-	$(PY) -m pytest -m extended $(ARGS)
 
 ## Regenerate constraints.txt from the current .venv (after changing pins in pyproject.toml).
 lock: setup

@@ -268,7 +268,6 @@ def test_standalone_eval_of_a_gs_checkpoint_equals_the_eval_of_its_local_copy(gs
 
 
 @pytest.mark.slow
-@pytest.mark.extended  # the pod's recovery is in CI on local disk (test_multihost), gs:// recovery on one process
 def test_pod_sharing_the_bucket_resumes_after_a_killed_host_like_the_uninterrupted_pod(
     workdir, pydocs_corpus, gcs, pod_reference
 ):

@@ -32,16 +32,17 @@ def plan_resume(checkpoint_dir: str, run_info: dict, *, verify_checksums: bool) 
     """Process 0 audits and quarantines; every process returns the same plan (or raises the same error)."""
 
     def decide() -> dict:
-        candidates, quarantined = [], 0
+        usable, quarantined = [], 0
         for status in ckpt.audit_run(checkpoint_dir, verify_checksums=verify_checksums):
             if status.usable:
-                candidates.append({"path": status.path, "step": status.step, "state": status.state})
+                usable.append(status)
                 continue
             logger.warning("Skipping %s checkpoint %s: %s", status.state, status.path, status.reason)
             ckpt.quarantine(status.path, f"{status.state}: {status.reason}")
             quarantined += 1
-        if candidates:  # before anything is built or compiled
-            ckpt.check_compatible(ckpt.audit_checkpoint(candidates[0]["path"], verify_checksums=False), run_info)
+        if usable:  # before anything is built or compiled
+            ckpt.check_compatible(usable[0], run_info)
+        candidates = [{"path": s.path, "step": s.step, "state": s.state} for s in usable]
         return {"candidates": candidates, "quarantined": quarantined}
 
     decided = distributed.leader_decides(decide)

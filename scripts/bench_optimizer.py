@@ -12,6 +12,10 @@ every backend without running it; on GPU/TPU the allocator's process-wide peak i
 
     python scripts/bench_optimizer.py                    # nano, GPT-2 small (124M) and medium (355M)
     python scripts/bench_optimizer.py --sizes small --optimizers adamw,mars-adamw-approx-fp32 --repeats 9
+    python scripts/bench_optimizer.py --baseline-ref main  # ours also as of git ref main, timed in the same run
+
+Beside the times, every row reports the update's memory traffic from the optimized HLO (XLA's bytes accessed, in
+float32 parameter-sized passes, and the buffer copies XLA inserted), so a regression shows without a timer.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import argparse
 from levanter_mars.bench import report
 from levanter_mars.compat import newer_jax
 
-GOAL_UPDATE_RATIO = 1.3  # MARS-AdamW approx update time / AdamW's
+GOAL_BF16_UPDATE_RATIO = 1.3  # MARS-AdamW approx update time with bf16 buffers / AdamW's
 GOAL_STATE_BYTES = 8.0  # AdamW's fp32 state, bytes per parameter
 HEADLINE = "mars-adamw-approx-fp32"
 # --quick compiles few programs (compilation dominates a smoke run): the baseline, Levanter's, ours approx/exact.
@@ -34,6 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sizes", default=None, help="comma-separated: nano, bench, small, medium (default: nano,small,medium; --quick: nano)")
     parser.add_argument("--optimizers", default=None, help="comma-separated optimizer names (default: all; --quick: 4)")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per optimizer (default 5; --quick: 2)")
+    parser.add_argument("--baseline-ref", default=None, help="also time ours as of this git ref (named NAME@REF)")
     return parser.parse_args(argv)
 
 
@@ -62,6 +67,35 @@ def bench_size(size, cases, repeats: int) -> dict:
     return {"size": size.name, "config": size.config_file, "vocab_size": size.vocab_size, "parameters": count, "rows": rows}
 
 
+def size_goals(result: dict, basis: str) -> list[dict]:
+    """The goals of one model size: update time and scratch memory of MARS-AdamW approx, and state bytes."""
+    from levanter_mars.bench import optimizers as opt
+    from levanter_mars.bench import speed
+
+    size, by_name = result["size"], {r["optimizer"]: r for r in result["rows"]}
+    goals = []
+    headline, bf16 = by_name.get(HEADLINE), by_name.get(HEADLINE.replace("fp32", "bf16"))
+    levanter, adamw = by_name.get(opt.LEVANTER_MARS), by_name.get(opt.ADAMW)
+    if headline and levanter:
+        goals.append(report.goal_line(f"{size}: {HEADLINE} update / AdamW ({basis} time; limit: Levanter's MARS)",
+                                      headline[speed.ratio_key(basis)], levanter[speed.ratio_key(basis)]))
+    if bf16:
+        goals.append(report.goal_line(f"{size}: {bf16['optimizer']} update / AdamW ({basis} time)",
+                                      bf16[speed.ratio_key(basis)], GOAL_BF16_UPDATE_RATIO))
+    if headline and adamw and headline["temp_mib"] is not None:
+        goals.append(report.goal_line(f"{size}: {HEADLINE} update scratch memory (limit: AdamW's)",
+                                      headline["temp_mib"], adamw["temp_mib"], "MiB"))
+    if "mars-m-efficient-fp32" in by_name and opt.MUON in by_name:  # the efficient form keeps Muon's state
+        goals.append(report.goal_line(f"{size}: mars-m-efficient-fp32 state bytes/param (limit: Muon's)",
+                                      by_name["mars-m-efficient-fp32"]["state_bytes_per_param"],
+                                      by_name[opt.MUON]["state_bytes_per_param"], "B"))
+    for name, row in by_name.items():
+        if name.endswith("-bf16"):
+            goals.append(report.goal_line(f"{size}: {name} state bytes/param", row["state_bytes_per_param"],
+                                          GOAL_STATE_BYTES, "B"))
+    return goals
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     report.select_platform(args.platform)
@@ -73,7 +107,9 @@ def main(argv=None) -> None:
     from levanter_mars.bench.timing import device_peak_bytes
 
     sizes = models.select_sizes(args.sizes or ("nano" if args.quick else "nano,small,medium"))
-    cases = opt.select(args.optimizers, QUICK_OPTIMIZERS if args.quick else [c.name for c in opt.all_cases()])
+    cases = opt.select(
+        args.optimizers, QUICK_OPTIMIZERS if args.quick else [c.name for c in opt.all_cases()], args.baseline_ref
+    )
     repeats = args.repeats or (2 if args.quick else 5)
     machine = report.machine_description()
     report.log(report.describe_machine(machine))
@@ -81,28 +117,14 @@ def main(argv=None) -> None:
     results = [bench_size(size, cases, repeats) for size in sizes]
 
     basis = speed.ratio_basis(machine["platform"])
-    goals = []
-    for result in results:
-        by_name = {r["optimizer"]: r for r in result["rows"]}
-        for name in (HEADLINE, HEADLINE.replace("fp32", "bf16")):  # the goal is on fp32; bf16 shown alongside
-            if name in by_name:
-                measured = by_name[name][speed.ratio_key(basis)]
-                goals.append(report.goal_line(f"{result['size']}: {name} update / AdamW ({basis} time)", measured, GOAL_UPDATE_RATIO))
-        if "mars-m-efficient-fp32" in by_name and opt.MUON in by_name:  # the efficient form keeps Muon's state
-            goals.append(report.goal_line(f"{result['size']}: mars-m-efficient-fp32 state bytes/param (limit: Muon's)",
-                                          by_name["mars-m-efficient-fp32"]["state_bytes_per_param"],
-                                          by_name[opt.MUON]["state_bytes_per_param"], "B"))
-        for name, row in by_name.items():
-            if name.endswith("-bf16"):
-                goals.append(
-                    report.goal_line(f"{result['size']}: {name} state bytes/param", row["state_bytes_per_param"], GOAL_STATE_BYTES, "B")
-                )
+    goals = [goal for result in results for goal in size_goals(result, basis)]
 
     output = {
         "benchmark": "optimizer_update",
         "quick": args.quick,
         "machine": machine,
         "levanter_import": levanter_import,
+        "baseline_ref": args.baseline_ref,
         "repeats": repeats,
         "goal_basis": basis,
         "timed": "jit(update + apply_updates), params and state donated; exact: obj_fn = 0.5*||params||^2",

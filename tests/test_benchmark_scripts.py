@@ -79,6 +79,7 @@ def _rows_well_formed(rows: list[dict]) -> dict[str, dict]:
         assert row["median_ms"] > 0 and all(ms > 0 for ms in row["ms_per_repeat"])
         assert row["ratio_to_adamw"] > 0 and row["cpu_ratio_to_adamw"] > 0
         assert row["peak_bytes"] is None or row["peak_bytes"] >= row["state_bytes"]
+        assert row["hlo_passes"] > 0 and row["copies"] >= 0 and row["copy_mib"] >= 0
     assert by_name["adamw"]["ratio_to_adamw"] == 1.0
     return by_name
 
@@ -96,6 +97,9 @@ def test_bench_optimizer_quick(scripts):
     # Matrices keep the previous gradient; LayerNorm weights and biases (AdamW branch) do not.
     assert 11.9 < rows["mars-adamw-approx-fp32"]["state_bytes_per_param"] < 12.0
     assert rows["mars-adamw-exact-bf16"]["state_bytes_per_param"] == 8.0  # bf16 mu + fp32 nu + bf16 previous params
+    # The HLO of Levanter's GPT-2 update: ours copies no buffer and moves no more memory than AdamW; Levanter's copies.
+    assert rows["mars-adamw-approx-fp32"]["copies"] == 0 and rows["levanter-mars"]["copies"] > 0
+    assert rows["mars-adamw-approx-fp32"]["hlo_passes"] <= rows["adamw"]["hlo_passes"]
     _goals_well_formed(result)
 
 
@@ -174,3 +178,23 @@ def test_levanter_mars_runs_inside_the_benchmark_workaround_only():
         updates, _ = tx.update(params, tx.init(params), params)
     assert jnp.all(jnp.isfinite(updates["w"]))
     assert not hasattr(jax, "tree_map")
+
+
+def test_baseline_ref_imports_an_earlier_optim_beside_the_current_one():
+    """``--baseline-ref``: the optimizers of a git ref are built from their own copy of the package, and the current
+    modules are back in place afterwards."""
+    import subprocess
+
+    import levanter_mars.optim as current
+    from levanter_mars.bench.baseline import load_optim
+
+    if subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout: --baseline-ref has no history to read")
+    old = load_optim("HEAD")
+    assert old is not current and Path(old.__file__).resolve() != Path(current.__file__).resolve()
+    assert old.mars.__module__ == "levanter_mars.optim.mars" and old.mars is not current.mars
+    assert sys.modules["levanter_mars.optim"] is current
+    state = old.mars(1e-3, max_grad_norm=1.0).init({"w": __import__("jax").numpy.ones((2, 2))})
+    assert type(state[1]).__name__ == "ScaleByMarsState"
+    with pytest.raises(SystemExit, match="no-such-ref"):
+        load_optim("no-such-ref")

@@ -7,6 +7,7 @@
 * ``mars-m-<approx|exact|efficient>-fp32``: :func:`levanter_mars.optim.mars_m` with the official GPT-2 small recipe.
 * ``muon-fp32``: the Muon baseline, ``mars_m(gamma=0, efficient=True)``: Moonlight's Muon without Nesterov (NS5 of
   the momentum for Linear weights, AdamW for embeddings, the head and 1-D tensors), with Muon's state.
+* ``<one of ours>@<git ref>``: the same optimizer as of an earlier commit (:mod:`levanter_mars.bench.baseline`).
 
 All use a constant learning rate, so no schedule is timed.
 """
@@ -57,11 +58,20 @@ def _levanter_mars() -> optax.GradientTransformation:
     return MarsConfig(learning_rate=6e-3, weight_decay=0.01, warmup=0.0, max_grad_norm=1.0).build(1000)
 
 
-def _ours(variant: str, exact: bool, dtype: Any) -> Callable[[], optax.GradientTransformation]:
-    def build() -> optax.GradientTransformation:
-        from levanter_mars.optim import mars
+def _optim(baseline_ref: Optional[str]) -> Any:
+    """``levanter_mars.optim``: this checkout's, or the one of git ``baseline_ref`` (:mod:`.baseline`)."""
+    if baseline_ref is None:
+        import levanter_mars.optim as optim
 
-        return mars(
+        return optim
+    from levanter_mars.bench.baseline import load_optim
+
+    return load_optim(baseline_ref)
+
+
+def _ours(variant: str, exact: bool, dtype: Any, optim: Callable[[], Any]) -> Callable[[], optax.GradientTransformation]:
+    def build() -> optax.GradientTransformation:
+        return optim().mars(
             6e-3, variant=variant, exact=exact, weight_decay=0.01, max_grad_norm=1.0, mu_dtype=dtype, prev_dtype=dtype
         )
 
@@ -72,11 +82,9 @@ MARS_M_MODES = {"approx": {}, "exact": {"exact": True}, "efficient": {"efficient
 MUON = "muon-fp32"
 
 
-def _mars_m(**mode: Any) -> Callable[[], optax.GradientTransformation]:
+def _mars_m(optim: Callable[[], Any], **mode: Any) -> Callable[[], optax.GradientTransformation]:
     def build() -> optax.GradientTransformation:
-        from levanter_mars.optim import mars_m
-
-        return mars_m(6e-3, weight_decay=0.01, max_grad_norm=1.0, **mode)
+        return optim().mars_m(6e-3, weight_decay=0.01, max_grad_norm=1.0, **mode)
 
     return build
 
@@ -85,41 +93,56 @@ def ours_name(variant: str, exact: bool, dtype_name: str) -> str:
     return f"mars-{variant}-{'exact' if exact else 'approx'}-{dtype_name}"
 
 
-def all_cases() -> list[OptimizerCase]:
-    cases = [
-        OptimizerCase(ADAMW, _adamw, description="optax.adamw after clip_by_global_norm(1.0)"),
-        OptimizerCase(LEVANTER_MARS, _levanter_mars, description="levanter.optim.mars.MarsConfig (approx)"),
-    ]
+def _our_cases(optim: Callable[[], Any], suffix: str = "") -> list[OptimizerCase]:
+    cases = []
     for variant in VARIANTS:
         for exact in (False, True):
             for dtype_name, dtype in DTYPES.items():
                 cases.append(
                     OptimizerCase(
-                        ours_name(variant, exact, dtype_name),
-                        _ours(variant, exact, dtype),
+                        ours_name(variant, exact, dtype_name) + suffix,
+                        _ours(variant, exact, dtype, optim),
                         exact=exact,
                         description=f"levanter_mars.optim.mars(variant={variant!r}, exact={exact}, "
-                        f"mu_dtype=prev_dtype={dtype_name})",
+                        f"mu_dtype=prev_dtype={dtype_name}){suffix}",
                     )
                 )
     for mode, kwargs in MARS_M_MODES.items():
         cases.append(
             OptimizerCase(
-                f"mars-m-{mode}-fp32", _mars_m(**kwargs), exact=mode == "exact",
-                description=f"levanter_mars.optim.mars_m({', '.join(f'{k}=True' for k in kwargs)})",
+                f"mars-m-{mode}-fp32{suffix}", _mars_m(optim, **kwargs), exact=mode == "exact",
+                description=f"levanter_mars.optim.mars_m({', '.join(f'{k}=True' for k in kwargs)}){suffix}",
             )
         )
     cases.append(
-        OptimizerCase(MUON, _mars_m(efficient=True, gamma=0.0),
-                      description="Muon: levanter_mars.optim.mars_m(gamma=0, efficient=True)")
+        OptimizerCase(MUON + suffix, _mars_m(optim, efficient=True, gamma=0.0),
+                      description=f"Muon: levanter_mars.optim.mars_m(gamma=0, efficient=True){suffix}")
     )
     return cases
 
 
-def select(names: Optional[str], default: list[str]) -> list[OptimizerCase]:
-    """Cases by comma-separated name (``None``: ``default``); unknown names raise ``SystemExit`` listing the known."""
-    known = {c.name: c for c in all_cases()}
+def all_cases(baseline_ref: Optional[str] = None) -> list[OptimizerCase]:
+    """Every optimizer; with ``baseline_ref``, ours also as of that git ref, named ``<name>@<ref>``."""
+    cases = [
+        OptimizerCase(ADAMW, _adamw, description="optax.adamw after clip_by_global_norm(1.0)"),
+        OptimizerCase(LEVANTER_MARS, _levanter_mars, description="levanter.optim.mars.MarsConfig (approx)"),
+    ]
+    cases += _our_cases(lambda: _optim(None))
+    if baseline_ref is not None:
+        cache: dict[str, Any] = {}
+        cases += _our_cases(lambda: cache.setdefault("optim", _optim(baseline_ref)), suffix=f"@{baseline_ref}")
+    return cases
+
+
+def select(names: Optional[str], default: list[str], baseline_ref: Optional[str] = None) -> list[OptimizerCase]:
+    """Cases by comma-separated name (``None``: ``default``); unknown names raise ``SystemExit`` listing the known.
+
+    With ``baseline_ref``, each of ours selected is followed by the same optimizer as of that git ref.
+    """
+    known = {c.name: c for c in all_cases(baseline_ref)}
     wanted = names.split(",") if names else default
+    if baseline_ref is not None:
+        wanted = [w for name in wanted for w in (name, f"{name}@{baseline_ref}") if w in known or w == name]
     unknown = [n for n in wanted if n not in known]
     if unknown:
         raise SystemExit(f"unknown optimizer(s) {unknown}; known: {', '.join(known)}")

@@ -23,6 +23,8 @@ COLUMNS = (
     ("state_bytes_per_param", "state B/param"),
     ("peak_mib", "peak MiB"),
     ("temp_mib", "temp MiB"),
+    ("hlo_passes", "HLO passes"),
+    ("copy_mib", "copy MiB"),
     ("compile_s", "compile s"),
 )
 
@@ -63,7 +65,8 @@ def compare(
     baseline: Optional[str] = "adamw",
 ) -> list[dict]:
     """One row per optimizer: the jitted step's time (median, per repeat, as a ratio to ``baseline``), its state's
-    bytes per parameter and XLA's memory figures. ``data`` is the step's input besides params and state."""
+    bytes per parameter, XLA's memory figures and its memory traffic from the HLO (bytes accessed in float32
+    parameter-sized passes, and buffer copies). ``data`` is the step's input besides params and state."""
     count = parameter_count(params)
     timed, state_bytes = [], {}
     for case in cases:
@@ -77,9 +80,11 @@ def compare(
         timed.append(Case(case.name, setup, step))
     timings = time_interleaved(timed, repeats=repeats, progress=log)
 
+    parameter_bytes = 4 * count  # the passes are counted in float32 parameter-sized arrays
     rows = []
     for case, t in zip(cases, timings):
         mib = {k.replace("_bytes", "_mib"): None if v is None else v / 2**20 for k, v in t.memory.items()}
+        accessed, copy_bytes = t.traffic["bytes_accessed"], t.traffic["copy_bytes"]
         rows.append(
             {
                 "optimizer": case.name,
@@ -96,6 +101,9 @@ def compare(
                 **t.memory,
                 "peak_mib": mib["peak_mib"],
                 "temp_mib": mib["temp_mib"],
+                **t.traffic,
+                "hlo_passes": None if accessed is None else accessed / parameter_bytes,
+                "copy_mib": None if copy_bytes is None else copy_bytes / 2**20,
             }
         )
     base = next((r for r in rows if r["optimizer"] == baseline), None)

@@ -18,6 +18,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import jax
 
+from levanter_mars.bench.hlo import traffic as hlo_traffic
+
 
 @dataclasses.dataclass
 class Case:
@@ -41,6 +43,8 @@ class Timing:
     calls_per_repeat: int
     compile_seconds: float
     memory: dict[str, Optional[int]]
+    traffic: dict[str, Optional[float]]
+    """XLA's bytes accessed and buffer copies of the compiled step (:func:`levanter_mars.bench.hlo.traffic`)."""
 
     @property
     def median(self) -> float:
@@ -111,6 +115,7 @@ def time_interleaved(
     """
     compile_seconds: dict[str, float] = {}
     memory: dict[str, dict[str, Optional[int]]] = {}
+    traffic: dict[str, dict[str, Optional[float]]] = {}
     seconds: dict[str, list[float]] = {c.name: [] for c in cases}
     cpu_seconds: dict[str, list[float]] = {c.name: [] for c in cases}
     for repeat in range(repeats):
@@ -122,6 +127,7 @@ def time_interleaved(
                 case.compiled = jax.jit(case.step, donate_argnums=0).lower(state).compile()
                 compile_seconds[case.name] = time.perf_counter() - start
                 memory[case.name] = memory_analysis(case.compiled)
+                traffic[case.name] = hlo_traffic(case.compiled)
                 state, warm, _ = _run(case.compiled, state, 1)
                 case.calls = max(1, min(max_calls, math.ceil(min_seconds_per_repeat / max(warm, 1e-9))))
             else:
@@ -133,6 +139,9 @@ def time_interleaved(
             gc.collect()
             progress(f"repeat {repeat + 1}/{repeats} {case.name}: {1e3 * elapsed / case.calls:.2f} ms/call")
     return [
-        Timing(c.name, seconds[c.name], cpu_seconds[c.name], c.calls, compile_seconds[c.name], memory[c.name])
+        Timing(
+            c.name, seconds[c.name], cpu_seconds[c.name], c.calls, compile_seconds[c.name], memory[c.name],
+            traffic[c.name],
+        )
         for c in cases
     ]

@@ -30,9 +30,8 @@ AdamW form for them). The full update applied to the parameters is
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
-import chex
 import jax
 import jax.numpy as jnp
 import optax
@@ -43,8 +42,8 @@ from levanter_mars.optim.hyperparameters import (
     evaluate,
     validate_mars_hyperparameters,
 )
-from levanter_mars.optim.objective import previous_gradient
-from levanter_mars.optim.per_tensor import ABSENT, update_tensors
+from levanter_mars.optim.per_tensor import ABSENT
+from levanter_mars.optim.step import ScaleByMarsState, mars_family_update
 from levanter_mars.optim.tensor_roles import TensorRole, map_roles, tensor_roles
 from levanter_mars.optim.update_rules import (
     MatrixLayout,
@@ -57,26 +56,6 @@ from levanter_mars.optim.update_rules import (
 
 MARS_LABEL = "mars"
 ADAMW_1D_LABEL = "adamw_1d"
-
-
-class ScaleByMarsState(NamedTuple):
-    """State of :func:`scale_by_mars` (and of :func:`levanter_mars.optim.mars_m.scale_by_mars_m`).
-
-    Attributes:
-        count: number of updates taken so far (int32 scalar).
-        mu: first moment of every tensor (``mu_dtype``).
-        nu: second moment where one is used (AdamW-form tensors); ``optax.MaskedNode()`` at Lion and Shampoo
-            matrices.
-        prev: approx mode: the previous gradient of every MARS tensor (``MaskedNode`` at AdamW-branch tensors);
-            exact mode: the previous parameters of every tensor (``prev_dtype``).
-
-    Absent buffers are ``MaskedNode`` (a pytree without leaves), so they cost nothing and checkpoint cleanly.
-    """
-
-    count: chex.Array
-    mu: optax.Updates
-    nu: optax.Updates
-    prev: optax.Updates
 
 
 # The directions MARS-AdamW (update_rules.adam on c) does not share. Each takes the float32 arrays of one layer of one
@@ -134,9 +113,11 @@ def scale_by_mars(
             the ``obj_fn`` keyword argument of ``update``. Without ``obj_fn`` the update raises ``ValueError``.
         optimize_1d: run vector tensors through MARS too instead of the separate AdamW.
         b1_1d, b2_1d: betas of the vector tensors' AdamW.
-        max_grad_norm: the global-norm clip the trainer applies to raw gradients. In exact mode the gradient at the
-            previous parameters is clipped the same way, as the official trainer does. It does *not* clip the
-            incoming gradient (chain ``optax.clip_by_global_norm`` for that, as :func:`mars` does).
+        max_grad_norm: if set, clip the incoming gradients to this global norm, as ``optax.clip_by_global_norm``
+            would (the official trainer uses 1.0), and store the clipped gradient as the previous one; in exact mode
+            the gradient at the previous parameters is clipped the same way. The clip is folded into this
+            transformation (a scalar factor applied as the gradient is read) so that no clipped copy of the gradients
+            is written to memory; chaining ``optax.clip_by_global_norm`` before it as well is harmless but wasteful.
         mu_dtype: dtype of the first moment (e.g. ``jnp.bfloat16``); ``None`` keeps the parameters' dtype.
         prev_dtype: dtype of the stored previous gradient (approx) or previous parameters (exact).
 
@@ -185,22 +166,12 @@ def scale_by_mars(
 
     def update_fn(updates, state: ScaleByMarsState, params=None, *, obj_fn=None, **extra_args):
         del extra_args
-        roles = tensor_roles(updates)
-        count_inc = optax.safe_increment(state.count)
-        if exact:
-            grads = previous_gradient(obj_fn, state.prev, params, state.count, max_grad_norm)
-            previous_grads = map_roles(lambda role, g: uses_mars(role, g, lambda g: g), roles, grads)
-        else:
-            previous_grads = state.prev
-
-        rules = functools.partial(rule_for, t=count_inc, gamma_t=evaluate(gamma, state.count))
-        directions, mu, nu = update_tensors(rules, roles, updates, state.mu, state.nu, previous_grads)
-
-        if exact:
-            prev = otu.tree_cast(params, prev_dtype)
-        else:
-            prev = map_roles(lambda role, g: uses_mars(role, g, lambda g: otu.tree_cast(g, prev_dtype)), roles, updates)
-        return directions, ScaleByMarsState(count=count_inc, mu=mu, nu=nu, prev=prev)
+        rules = functools.partial(rule_for, t=optax.safe_increment(state.count), gamma_t=evaluate(gamma, state.count))
+        return mars_family_update(
+            rules, tensor_roles(updates), updates, state, params, obj_fn, exact=exact,
+            corrected=lambda role: _uses_mars(role, optimize_1d), keeps_prev=True, max_grad_norm=max_grad_norm,
+            prev_dtype=prev_dtype,
+        )
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -281,7 +252,7 @@ def mars(
         learning_rate_1d: :math:`\eta_{1d}` of the AdamW branch; ``None`` means ``learning_rate / 2``.
         weight_decay_1d: decay of the AdamW-branch tensors.
         max_grad_norm: if set, clip raw gradients to this global norm first (the official trainer uses 1.0);
-            in exact mode the previous-parameter gradient is clipped the same way.
+            in exact mode the previous-parameter gradient is clipped the same way (see :func:`scale_by_mars`).
 
     Returns:
         ``optax.GradientTransformationExtraArgs``. Call ``update(grads, state, params)`` in approx mode and
@@ -305,7 +276,7 @@ def mars(
         max_grad_norm=max_grad_norm,
     )
     return optax.chain(
-        optax.clip_by_global_norm(max_grad_norm) if max_grad_norm is not None else optax.identity(),
+        optax.identity(),  # the global clip, folded into scale_by_mars; kept so the state's layout is unchanged
         scale_by_mars(
             variant,
             b1,

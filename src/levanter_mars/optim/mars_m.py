@@ -31,9 +31,8 @@ import optax
 from optax import tree_utils as otu
 
 from levanter_mars.optim.hyperparameters import ScalarOrSchedule, evaluate, validate_mars_m_hyperparameters
-from levanter_mars.optim.mars import ScaleByMarsState
-from levanter_mars.optim.objective import previous_gradient
-from levanter_mars.optim.per_tensor import ABSENT, update_tensors
+from levanter_mars.optim.per_tensor import ABSENT
+from levanter_mars.optim.step import ScaleByMarsState, mars_family_update
 from levanter_mars.optim.tensor_roles import TensorKind, TensorRole, is_role, map_roles, tensor_roles
 from levanter_mars.optim.update_rules import (
     MatrixLayout,
@@ -122,7 +121,8 @@ def scale_by_mars_m(
 
     The state is :class:`~levanter_mars.optim.mars.ScaleByMarsState`: ``mu`` for every tensor, ``nu`` at the AdamW
     tensors, ``prev`` the previous gradient of matrices (approx), the previous parameters (exact) or nothing
-    (efficient). Arguments as in :func:`mars_m`.
+    (efficient). Arguments as in :func:`mars_m`; ``max_grad_norm`` clips the incoming gradients here, folded in as
+    in :func:`~levanter_mars.optim.mars.scale_by_mars`.
     """
     validate_mars_m_hyperparameters(
         b1=b1, gamma=gamma, eps=eps, b1_adamw=b1_adamw, b2_adamw=b2_adamw, ns_steps=ns_steps, exact=exact,
@@ -164,22 +164,12 @@ def scale_by_mars_m(
 
     def update_fn(updates, state: ScaleByMarsState, params=None, *, obj_fn=None, **extra_args):
         del extra_args
-        roles = mars_m_roles(updates, matrix_mask)
-        if exact:
-            grads = previous_gradient(obj_fn, state.prev, params, state.count, max_grad_norm)
-            previous_grads = map_roles(lambda role, g: g if role.is_matrix else ABSENT, roles, grads)
-        else:
-            previous_grads = state.prev
-        count_inc = optax.safe_increment(state.count)
-        rules = functools.partial(rule_for, t=count_inc, gamma_t=evaluate(gamma, state.count))
-        directions, mu, nu = update_tensors(rules, roles, updates, state.mu, state.nu, previous_grads)
-        if exact:
-            prev = otu.tree_cast(params, prev_dtype)
-        elif efficient:
-            prev = state.prev
-        else:
-            prev = map_roles(lambda role, g: otu.tree_cast(g, prev_dtype) if role.is_matrix else ABSENT, roles, updates)
-        return directions, ScaleByMarsState(count=count_inc, mu=mu, nu=nu, prev=prev)
+        rules = functools.partial(rule_for, t=optax.safe_increment(state.count), gamma_t=evaluate(gamma, state.count))
+        return mars_family_update(
+            rules, mars_m_roles(updates, matrix_mask), updates, state, params, obj_fn, exact=exact,
+            corrected=lambda role: role.is_matrix and not efficient, keeps_prev=not efficient,
+            max_grad_norm=max_grad_norm, prev_dtype=prev_dtype,
+        )
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -233,7 +223,7 @@ def mars_m(
         weight_decay=weight_decay, ns_steps=ns_steps, exact=exact, efficient=efficient, max_grad_norm=max_grad_norm,
     )
     return optax.chain(
-        optax.clip_by_global_norm(max_grad_norm) if max_grad_norm is not None else optax.identity(),
+        optax.identity(),  # the global clip, folded into scale_by_mars_m; kept so the state's layout is unchanged
         scale_by_mars_m(
             b1,
             gamma,

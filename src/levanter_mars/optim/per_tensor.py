@@ -3,7 +3,8 @@
 An update rule is ``rule(g, m, v, g_prev, layout) -> (direction, m, v)`` on float32 arrays of one layer, with
 ``None`` for absent buffers (``v`` where there is no second moment, ``g_prev`` where there is no previous gradient) and
 a :class:`~levanter_mars.optim.update_rules.MatrixLayout` saying how the tensor reads as a matrix. The rule never sees
-a NamedArray, a layer axis or a storage dtype: :func:`update_tensor` unwraps them and puts them back.
+a NamedArray, a layer axis, a storage dtype or the global clip: :func:`update_tensor` unwraps them, multiplies the
+gradients by their clip factors as it reads them, and puts the results back.
 """
 
 from __future__ import annotations
@@ -33,8 +34,13 @@ def is_absent(x: Any) -> bool:
     return x is None or isinstance(x, optax.MaskedNode)
 
 
-def update_tensor(rule: UpdateRule, role: TensorRole, g: Any, mu: Any, nu: Any, g_prev: Any) -> TensorUpdate:
-    """Applies ``rule`` to each layer of one parameter tensor (plain array or NamedArray) and its buffers."""
+def update_tensor(
+    rule: UpdateRule, role: TensorRole, g: Any, mu: Any, nu: Any, g_prev: Any, scales: tuple[Any, Any] = (1.0, 1.0)
+) -> TensorUpdate:
+    """Applies ``rule`` to each layer of one parameter tensor (plain array or NamedArray) and its buffers.
+
+    ``scales`` multiply ``g`` and ``g_prev`` (the global clip factors, scalars).
+    """
 
     def one_layer(g: Any, mu: Any, nu: Any, g_prev: Any) -> TensorUpdate:
         axis_names = tuple(a.name for a in g.axes) if hax.is_named_array(g) else None
@@ -54,7 +60,8 @@ def update_tensor(rule: UpdateRule, role: TensorRole, g: Any, mu: Any, nu: Any, 
             return hax.named(x, g.axes) if axis_names is not None else x
 
         layout = MatrixLayout(role, axis_names, raw(g).shape)
-        direction, m, v = rule(float32(g), float32(mu), float32(nu), float32(g_prev), layout)
+        g_prev = None if is_absent(g_prev) else float32(g_prev) * scales[1]
+        direction, m, v = rule(float32(g) * scales[0], float32(mu), float32(nu), g_prev, layout)
         return TensorUpdate(stored_like(direction, g), stored_like(m, mu), stored_like(v, nu))
 
     out = per_layer(one_layer, role)(g, mu, nu, g_prev)
@@ -62,11 +69,12 @@ def update_tensor(rule: UpdateRule, role: TensorRole, g: Any, mu: Any, nu: Any, 
 
 
 def update_tensors(
-    rule_for: Callable[[TensorRole], UpdateRule], roles: Any, updates: Any, mu: Any, nu: Any, g_prev: Any
+    rule_for: Callable[[TensorRole], UpdateRule], roles: Any, updates: Any, mu: Any, nu: Any, g_prev: Any,
+    scales: tuple[Any, Any] = (1.0, 1.0),
 ) -> TensorUpdate:
     """:func:`update_tensor` on every tensor with the rule of its role; returns the three result trees."""
     out = map_roles(
-        lambda role, g, m, v, p: update_tensor(rule_for(role), role, g, m, v, p), roles, updates, mu, nu, g_prev
+        lambda role, g, m, v, p: update_tensor(rule_for(role), role, g, m, v, p, scales), roles, updates, mu, nu, g_prev
     )
 
     def field(name: str) -> Any:

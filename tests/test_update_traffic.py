@@ -1,0 +1,95 @@
+"""The optimizer update's memory traffic, read from the compiled program (no timing): MARS moves no more memory than
+optax's AdamW after a global clip, and XLA needs no copy of a donated buffer to run it.
+
+The update is memory-bound, so bytes accessed and buffer copies are what its time follows (docs/benchmarks.md).
+Compiled for this machine's XLA:CPU; the step is ``update`` + ``apply_updates`` with params and state donated, as
+in the trainer and in ``scripts/bench_optimizer.py``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+from levanter_mars.bench.hlo import entry_copies, traffic
+from levanter_mars.optim import mars, mars_m
+
+SHAPES = {"embedding": (1024, 256), "w_in": (256, 1024), "w_out": (1024, 256), "bias": (1024,), "scale": (256,)}
+
+
+def _tree(seed: int, scale: float = 1.0) -> dict:
+    keys = jax.random.split(jax.random.PRNGKey(seed), len(SHAPES))
+    return {name: scale * jax.random.normal(k, shape) for k, (name, shape) in zip(keys, SHAPES.items())}
+
+
+def _compiled_step(optimizer: optax.GradientTransformation):
+    params, grads = _tree(0), _tree(1, scale=10.0)  # large enough for the global clip to act
+
+    def step(inputs):
+        params, state, grads = inputs
+        updates, state = optimizer.update(grads, state, params)
+        return optax.apply_updates(params, updates), state, grads
+
+    inputs = (params, optimizer.init(params), grads)
+    return jax.jit(step, donate_argnums=0).lower(inputs).compile()
+
+
+def _adamw():
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(6e-4, b1=0.9, b2=0.95, weight_decay=0.1))
+
+
+@pytest.fixture(scope="module")
+def adamw_traffic():
+    return traffic(_compiled_step(_adamw()))
+
+
+@pytest.mark.parametrize(
+    "name,optimizer",
+    [
+        ("mars-adamw", lambda: mars(6e-3, weight_decay=0.01, max_grad_norm=1.0)),
+        ("mars-lion", lambda: mars(6e-4, variant="lion", weight_decay=0.01, max_grad_norm=1.0)),
+    ],
+)
+def test_approx_update_needs_no_buffer_copy_and_no_more_traffic_than_adamw(name, optimizer, adamw_traffic):
+    ours = traffic(_compiled_step(optimizer()))
+    assert ours["copies"] == 0, f"{name}: XLA copies a donated buffer ({ours['copy_bytes']} bytes)"
+    assert ours["bytes_accessed"] <= adamw_traffic["bytes_accessed"], (ours, adamw_traffic)
+
+
+def test_mars_m_overwrites_its_previous_gradient_in_place():
+    """MARS-M's matrices keep a previous gradient as MARS-AdamW does (Newton-Schulz's transposes are not buffer
+    copies)."""
+    assert traffic(_compiled_step(mars_m(6e-3, weight_decay=0.01, max_grad_norm=1.0)))["copies"] == 0
+
+
+def test_levanter_mars_copies_its_buffers():
+    """Guards the tests above: Levanter's MARS writes its previous gradient with nothing ordering the write after the
+    correction's read, and XLA copies buffers for it, so a return of that structure would be caught."""
+    from levanter.optim.mars import MarsConfig
+
+    from levanter_mars.compat.levanter_optimizers import jax_tree_map_restored
+
+    with jax_tree_map_restored():
+        optimizer = MarsConfig(learning_rate=6e-3, weight_decay=0.01, warmup=0.0, max_grad_norm=1.0).build(100)
+        assert traffic(_compiled_step(optimizer))["copies"] > 0
+
+
+def test_entry_copies_counts_buffer_copies_of_the_entry_computation_only():
+    text = """HloModule m
+%fused (p: f32[4]) -> f32[4] {
+  %c = f32[4]{0} copy(%p)
+}
+ENTRY %main (a: f32[8,16], b: bf16[3]) -> (f32[8,16], bf16[3]) {
+  %a = f32[8,16]{1,0} parameter(0)
+  %b = bf16[3]{0} parameter(1)
+  %t.1 = f32[16,8]{0,1} fusion(%a), kind=kLoop, calls=%fused
+  %copy.1 = f32[8,16]{1,0} copy(%a)
+  %copy.2 = bf16[3]{0} copy(%b), control-predecessors={%copy.1}
+  %copy.3 = f32[16,8]{1,0} copy(%t.1)
+  %copy.4 = s32[] copy(%constant.9)
+  ROOT %t = (f32[8,16]{1,0}, bf16[3]{0}) tuple(%copy.1, %copy.2)
+}
+"""
+    assert entry_copies(text) == [8 * 16 * 4, 3 * 2]  # copy.3 is a transpose, copy.4 a scalar's

@@ -174,3 +174,24 @@ def test_scale_by_mars_alone_has_no_learning_rate():
     tx = scale_by_mars("lion")
     updates, _ = tx.update({"w": jnp.ones((2, 2))}, tx.init(params), params)
     np.testing.assert_array_equal(updates["w"], jnp.ones((2, 2)))  # sign of a positive momentum
+
+
+@pytest.mark.parametrize("variant,exact", [("adamw", False), ("lion", False), ("adamw", True)])
+def test_folded_global_clip_equals_optax_clip_before_the_transform(variant, exact):
+    """``scale_by_mars(max_grad_norm=...)`` clips the incoming gradients itself (folded in, issue 14): the same
+    directions and stored previous gradient as ``optax.clip_by_global_norm`` chained before it, over several steps
+    with gradients well above the limit."""
+    params = _params()
+    folded = scale_by_mars(variant, max_grad_norm=1.0, exact=exact)
+    chained = optax.chain(optax.clip_by_global_norm(1.0), scale_by_mars(variant, max_grad_norm=1.0, exact=exact))
+    folded_state, chained_state = folded.init(params), chained.init(params)
+    for step in range(4):
+        grads = jax.tree.map(lambda x: 30.0 * (step + 1) * jnp.sin(x + step), params)
+        objective = {"obj_fn": lambda p: sum(jnp.sum(jnp.cos(x) * 20.0) for x in jax.tree.leaves(p))} if exact else {}
+        ours, folded_state = folded.update(grads, folded_state, params, **objective)
+        reference, chained_state = chained.update(grads, chained_state, params, **objective)
+        for a, b in zip(jax.tree.leaves((ours, folded_state)), jax.tree.leaves((reference, chained_state[1]))):
+            # Float rounding only (the clip is a multiplication here, a division and a multiplication in optax),
+            # relative to each tensor's largest entry as in the golden tests.
+            assert np.max(np.abs(a - b)) <= 2e-6 * max(np.max(np.abs(b)), 1e-30), (step, a, b)
+        params = jax.tree.map(lambda p, u: p - 1e-2 * u, params, ours)

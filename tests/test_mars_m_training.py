@@ -6,8 +6,15 @@ import pytest
 
 from levanter_mars.training.checkpoints import MANIFEST_NAME
 from levanter_mars.training.metrics import read_metrics
-from tests.helpers.training import describe_failure, kill_when, run_cli, run_paths, start_cli, tiny_config
-from tests.test_reliability import _rerun_matches_reference
+from tests.helpers.training import (
+    describe_failure,
+    kill_when,
+    rerun_matches_reference,
+    run_cli,
+    run_paths,
+    start_cli,
+    tiny_config,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -44,4 +51,4 @@ def test_resumes_bitwise_after_kill_9(workdir, pydocs_corpus, reference_run):
     paths = run_paths(workdir, "kill-mars-m")
     proc = start_cli(config, log_path=workdir / "kill-mars-m.log")
     assert kill_when(proc, lambda: (paths["checkpoints"] / "step-20" / MANIFEST_NAME).exists(), poll=0.005)
-    _rerun_matches_reference(config, paths, reference_run, mode="mars-m", resumed_from=20)
+    rerun_matches_reference(config, paths, reference_run, mode="mars-m", resumed_from=20)

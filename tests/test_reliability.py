@@ -20,6 +20,7 @@ from tests.helpers.training import (
     last_step,
     losses,
     output,
+    rerun_matches_reference,
     run_cli,
     run_paths,
     start_cli,
@@ -32,20 +33,6 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     return tmp_path_factory.mktemp("reliability")
-
-
-def _rerun_matches_reference(config, paths, reference_runs, mode="approx", resumed_from=None, unverified=()):
-    rerun = run_cli(config)
-    assert rerun.returncode == 0, describe_failure(rerun)
-    if resumed_from is not None:
-        assert f"step-{resumed_from}" in output(rerun) and "Resuming from" in output(rerun), output(rerun)[-3000:]
-    got, reference = losses(paths["metrics"]), losses(reference_runs[mode][2]["metrics"])
-    assert sorted(got) == list(range(30))
-    assert got == reference, {s: (got[s], reference[s]) for s in reference if got.get(s) != reference[s]}
-    for status in audit_run(str(paths["checkpoints"])):
-        expected = "unverified" if status.step in unverified else "verified"
-        assert status.state == expected, status
-    return rerun
 
 
 # ------------------------------------------------------------------------------------------------ kill -9
@@ -63,7 +50,7 @@ def test_kill_during_an_async_checkpoint_write(workdir, pydocs_corpus, reference
     config, paths, _ = _run_with_fault(workdir, pydocs_corpus, run_id, "install_kill_during_checkpoint_write", -9, step=20)
     torn = paths["checkpoints"] / "step-20"
     assert torn.exists() and not (torn / "metadata.json").exists(), "the kill landed mid-write"
-    rerun = _rerun_matches_reference(config, paths, reference_runs, resumed_from=10)
+    rerun = rerun_matches_reference(config, paths, reference_runs, resumed_from=10)
     assert "Skipping incomplete checkpoint" in output(rerun)
     assert list((workdir / "checkpoints" / f"{run_id}.quarantine").glob("step-20.*"))
 
@@ -76,7 +63,7 @@ def test_kill_between_metadata_and_manifest(workdir, pydocs_corpus, reference_ru
     assert (step20 / "metadata.json").exists() and not (step20 / MANIFEST_NAME).exists()
     assert audit_checkpoint(str(step20)).state == "unverified"
     # Its arrays were complete, so it is used; it stays "unverified" (nothing can vouch for its bytes now).
-    _rerun_matches_reference(config, paths, reference_runs, resumed_from=20, unverified=(20,))
+    rerun_matches_reference(config, paths, reference_runs, resumed_from=20, unverified=(20,))
 
 
 def test_kill_right_after_a_checkpoint(workdir, pydocs_corpus, reference_runs):
@@ -85,7 +72,7 @@ def test_kill_right_after_a_checkpoint(workdir, pydocs_corpus, reference_runs):
     paths = run_paths(workdir, run_id)
     proc = start_cli(config, log_path=workdir / f"{run_id}.log")
     assert kill_when(proc, lambda: (paths["checkpoints"] / "step-20" / MANIFEST_NAME).exists(), poll=0.005)
-    _rerun_matches_reference(config, paths, reference_runs, resumed_from=20)
+    rerun_matches_reference(config, paths, reference_runs, resumed_from=20)
 
 
 # --------------------------------------------------------------------------------------- corrupt checkpoints
@@ -107,7 +94,7 @@ def test_corrupt_newest_checkpoint_is_skipped(workdir, pydocs_corpus, reference_
                    key=lambda p: p.stat().st_size)
     assert files and corruption == "bad_metadata"
     (newest / "metadata.json").write_text('{"step": 20, "timest')
-    rerun = _rerun_matches_reference(config, paths, reference_runs, resumed_from=10)
+    rerun = rerun_matches_reference(config, paths, reference_runs, resumed_from=10)
     assert "Skipping corrupt checkpoint" in output(rerun)
 
 
@@ -123,7 +110,7 @@ def test_disk_full_stops_cleanly_and_keeps_the_last_good_checkpoint(
                                             step=20, asynchronous=asynchronous)
     assert "No space left on device" in failed.stderr and "previous checkpoint is intact" in failed.stderr
     assert audit_checkpoint(str(paths["checkpoints"] / "step-10")).state == "verified"
-    _rerun_matches_reference(config, paths, reference_runs, resumed_from=10)
+    rerun_matches_reference(config, paths, reference_runs, resumed_from=10)
 
 
 def test_unwritable_checkpoint_path_fails_before_training(workdir, pydocs_corpus):
@@ -170,7 +157,7 @@ def test_nan_batch_stops_the_run_when_asked_and_the_rerun_resumes(workdir, pydoc
     assert "step 15" in stopped.stderr and "trainer.nonfinite=stop" in stopped.stderr
     assert sorted(p.name for p in paths["checkpoints"].glob("step-*")) == ["step-10"]
     _all_checkpoint_arrays_finite(paths["checkpoints"])
-    _rerun_matches_reference(config, paths, reference_runs, resumed_from=10)
+    rerun_matches_reference(config, paths, reference_runs, resumed_from=10)
 
 
 @pytest.mark.parametrize("mode", ["approx", "exact"])

@@ -138,3 +138,21 @@ def describe_failure(proc: subprocess.CompletedProcess) -> str:
 def output(proc: subprocess.CompletedProcess) -> str:
     """Everything a run printed (Levanter sends its log to stdout and stderr)."""
     return proc.stdout + proc.stderr
+
+
+def rerun_matches_reference(config, paths, reference_runs, mode="approx", resumed_from=None, unverified=()):
+    """Reruns ``config`` to the end and checks its losses are bitwise the uninterrupted reference run's (and, with
+    ``resumed_from``, that it resumed from that step), and that every checkpoint left verifies."""
+    from levanter_mars.training.checkpoints import audit_run
+
+    rerun = run_cli(config)
+    assert rerun.returncode == 0, describe_failure(rerun)
+    if resumed_from is not None:
+        assert f"step-{resumed_from}" in output(rerun) and "Resuming from" in output(rerun), output(rerun)[-3000:]
+    got, reference = losses(paths["metrics"]), losses(reference_runs[mode][2]["metrics"])
+    assert sorted(got) == list(range(30))
+    assert got == reference, {s: (got[s], reference[s]) for s in reference if got.get(s) != reference[s]}
+    for status in audit_run(str(paths["checkpoints"])):
+        expected = "unverified" if status.step in unverified else "verified"
+        assert status.state == expected, status
+    return rerun

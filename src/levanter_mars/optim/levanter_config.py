@@ -44,7 +44,24 @@ def _dtype(name: Optional[str]):
 
 
 @dataclass(frozen=True)
-class MarsOptimizerConfig(OptimizerConfig, abc.ABC):
+class MarsFamilyConfig(OptimizerConfig, abc.ABC):
+    """Fields every MARS-family optimizer (MARS and MARS-M) has: the correction's mode and the buffers' dtypes."""
+
+    exact: bool = False
+    """Exact correction: an extra forward/backward at the previous parameters on the current batch."""
+    max_grad_norm: Optional[float] = 1.0
+    """Global-norm clip of raw gradients (and, in exact mode, of the previous-parameter gradient)."""
+    mu_dtype: Optional[str] = None
+    """float32 | bfloat16 | float16 for the first moment; None keeps the parameter dtype."""
+    prev_dtype: Optional[str] = None
+    """float32 | bfloat16 | float16 for the stored previous gradient (approx) or parameters (exact)."""
+
+    def __post_init__(self):
+        _check_dtypes(self)
+
+
+@dataclass(frozen=True)
+class MarsOptimizerConfig(MarsFamilyConfig, abc.ABC):
     """Fields shared by the three MARS instantiations. Defaults are the paper's GPT-2 small recipe."""
 
     variant: ClassVar[str]
@@ -63,19 +80,11 @@ class MarsOptimizerConfig(OptimizerConfig, abc.ABC):
     epsilon: float = 1e-8
     gamma: float = 0.025
     """Strength of the variance-reduction correction."""
-    exact: bool = False
-    """Exact correction: an extra forward/backward at the previous parameters on the current batch."""
     optimize_1d: bool = False
     """Run vector tensors through MARS instead of the separate AdamW."""
-    max_grad_norm: Optional[float] = 1.0
-    """Global-norm clip of raw gradients (and, in exact mode, of the previous-parameter gradient)."""
-    mu_dtype: Optional[str] = None
-    """float32 | bfloat16 | float16 for the first moment; None keeps the parameter dtype."""
-    prev_dtype: Optional[str] = None
-    """float32 | bfloat16 | float16 for the stored previous gradient (approx) or parameters (exact)."""
 
     def __post_init__(self):
-        _check_dtypes(self)
+        super().__post_init__()
         validate_mars_hyperparameters(
             variant=self.variant,
             b1=self.beta1,
@@ -154,7 +163,7 @@ class MarsShampooConfig(MarsOptimizerConfig):
 
 @OptimizerConfig.register_subclass("mars-m")
 @dataclass(frozen=True)
-class MarsMConfig(OptimizerConfig):
+class MarsMConfig(MarsFamilyConfig):
     """MARS-M (:func:`levanter_mars.optim.mars_m`). Defaults are the official GPT-2 small config.
 
     One learning rate and one weight decay for every tensor, as in the official trainer: Linear weights take the
@@ -172,19 +181,11 @@ class MarsMConfig(OptimizerConfig):
     epsilon: float = 1e-8
     """AdamW epsilon, added to sqrt(v) before the bias correction as in the official trainer."""
     ns_steps: int = 5
-    exact: bool = False
-    """Exact correction: an extra forward/backward at the previous parameters on the current batch."""
     efficient: bool = False
     """Memory-efficient form: no previous-gradient buffer and no clip (Muon's state). Not with exact."""
-    max_grad_norm: Optional[float] = 1.0
-    """Global-norm clip of raw gradients (and, in exact mode, of the previous-parameter gradient)."""
-    mu_dtype: Optional[str] = None
-    """float32 | bfloat16 | float16 for the first moment; None keeps the parameter dtype."""
-    prev_dtype: Optional[str] = None
-    """float32 | bfloat16 | float16 for the stored previous gradient (approx) or parameters (exact)."""
 
     def __post_init__(self):
-        _check_dtypes(self)
+        super().__post_init__()
         for name in ("weight_decay_modules", "default_weight_decay_mask"):
             if getattr(self, name) is not None:
                 raise ValueError(
@@ -232,6 +233,7 @@ MARS_OPTIMIZER_TYPES = {"mars-adamw": MarsAdamWConfig, "mars-lion": MarsLionConf
 
 __all__ = [
     "MARS_OPTIMIZER_TYPES",
+    "MarsFamilyConfig",
     "MarsAdamWConfig",
     "MarsLionConfig",
     "MarsMConfig",

@@ -304,17 +304,3 @@ def check_compatible(status: CheckpointStatus, current_run_info: dict) -> None:
                 f"original optimizer, or start a new run (a different trainer.id, or fresh=true to set the old "
                 f"run aside)."
             )
-
-
-def newest_usable(run_checkpoint_dir: str, *, verify_checksums: bool = False) -> Optional[CheckpointStatus]:
-    statuses = [s for s in audit_run(run_checkpoint_dir, verify_checksums=verify_checksums) if s.usable]
-    return statuses[0] if statuses else None
-
-
-def state_fingerprint(tree: Any) -> dict:
-    """A readable description of a state tree's layout, to detect resuming with a different optimizer."""
-    import jax
-
-    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
-    paths = [jax.tree_util.keystr(p) for p, leaf in leaves if hasattr(leaf, "shape")]
-    return {"num_leaves": len(paths), "paths": paths}

@@ -83,7 +83,7 @@ def test_batch_not_divisible_by_data_parallel_size():
 
 
 def test_batch_check_on_eight_simulated_devices(config):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", PYTHONPATH=str(REPO))
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]))
     proc = subprocess.run(
         [sys.executable, "-m", "levanter_mars.main.train_lm", "--config_path", str(config),
          "--trainer.train_batch_size", "12"],

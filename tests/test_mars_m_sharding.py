@@ -18,7 +18,7 @@ CASES = ("approx", "exact", "efficient")
 @pytest.fixture(scope="module")
 def multidevice_results():
     env = dict(os.environ)
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
     proc = subprocess.run(
         [sys.executable, "-m", "tests.helpers.multidevice_mars", "mars_m"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,

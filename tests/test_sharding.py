@@ -18,7 +18,7 @@ TOLERANCE = {"adamw": 1e-5, "adamw_exact": 1e-5, "lion": 1e-5, "shampoo": 1e-2}
 @pytest.fixture(scope="module")
 def multidevice_results():
     env = dict(os.environ)
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
     proc = subprocess.run(
         [sys.executable, "-m", "tests.helpers.multidevice_mars"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
@@ -41,3 +41,17 @@ def test_state_is_sharded_like_params(multidevice_results, case):
     result = multidevice_results[case]
     assert result["mu_sharded_like_params"], result
     assert result["prev_sharded_like_params"], result
+
+
+@pytest.mark.multidevice
+@pytest.mark.parametrize("case", ["adamw", "adamw_exact", "lion"])
+def test_elementwise_variants_gather_no_tensor(multidevice_results, case):
+    """Their update is elementwise plus norms: sharded, it needs only all-reduces of scalars (Shampoo's
+    Newton-Schulz multiplies whole matrices, and may gather)."""
+    assert multidevice_results[case]["all_gathers"] == []
+
+
+@pytest.mark.multidevice
+def test_norms_and_write_ordering_never_gather_a_sharded_tensor(multidevice_results):
+    assert multidevice_results["building_block_gathers"] == {"squared_norm": [], "after": []}
+

@@ -1,5 +1,6 @@
 """The optimizer update's memory traffic, read from the compiled program (no timing): MARS moves no more memory than
-optax's AdamW after a global clip, and XLA needs no copy of a donated buffer to run it.
+optax's AdamW after a global clip plus what MARS must add (reading and writing its previous-gradient buffer), and XLA
+needs no copy of a donated buffer to run it.
 
 The update is memory-bound, so bytes accessed and buffer copies are what its time follows (docs/benchmarks.md).
 Compiled for this machine's XLA:CPU; the step is ``update`` + ``apply_updates`` with params and state donated, as
@@ -7,6 +8,8 @@ in the trainer and in ``scripts/bench_optimizer.py``.
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -55,7 +58,8 @@ def adamw_traffic():
 def test_approx_update_needs_no_buffer_copy_and_no_more_traffic_than_adamw(name, optimizer, adamw_traffic):
     ours = traffic(_compiled_step(optimizer()))
     assert ours["copies"] == 0, f"{name}: XLA copies a donated buffer ({ours['copy_bytes']} bytes)"
-    assert ours["bytes_accessed"] <= adamw_traffic["bytes_accessed"], (ours, adamw_traffic)
+    previous_gradient_bytes = 4 * sum(math.prod(shape) for shape in SHAPES.values() if len(shape) == 2)
+    assert ours["bytes_accessed"] <= adamw_traffic["bytes_accessed"] + 2 * previous_gradient_bytes, (ours, adamw_traffic)
 
 
 def test_mars_m_overwrites_its_previous_gradient_in_place():

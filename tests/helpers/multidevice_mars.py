@@ -6,6 +6,7 @@ which tests/test_sharding.py and tests/test_mars_m_sharding.py do.
 """
 
 import json
+import re
 import sys
 
 import equinox as eqx
@@ -66,6 +67,34 @@ def run(tx, params, sharded: bool):
     return params, state
 
 
+def gathers(tx, params) -> list[str]:
+    """The all-gathers in the compiled sharded step: an elementwise update with norms needs none (a reshape of a
+    tensor sharded along a minor axis, as ``jnp.vdot`` does, makes XLA gather it whole)."""
+    step = hax.named_jit(make_step(tx), axis_resources=MAPPING)
+    params = hax.shard(params, MAPPING)
+    state = hax.named_jit(tx.init, axis_resources=MAPPING)(params)
+    a, t = batch(params, 0)
+    return _all_gathers(step.lower(params, state, hax.shard(a, MAPPING), hax.shard(t, MAPPING)).compile())
+
+
+def _all_gathers(compiled) -> list[str]:
+    return re.findall(r"=\s+(\S+)\s+all-gather(?:-start)?\(", compiled.as_text())
+
+
+def building_block_gathers() -> dict[str, list[str]]:
+    """The all-gathers of the update's scalar reductions on a matrix sharded along its minor axis: a reshape there
+    (``jnp.vdot``, ``ravel(x)[0]``) makes XLA gather the whole matrix onto every device."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from levanter_mars.optim.step import after
+    from levanter_mars.optim.update_rules import squared_norm
+
+    mesh = Mesh(np.array(jax.devices()), ("devices",))
+    w = jax.device_put(jnp.ones((256, 1024)), NamedSharding(mesh, PartitionSpec(None, "devices")))
+    return {name: _all_gathers(jax.jit(f).lower(w).compile()) for name, f in (("squared_norm", squared_norm),
+                                                                             ("after", after))}
+
+
 def sharding_specs(tree):
     return [x.array.sharding.spec for x in jax.tree.leaves(tree, is_leaf=hax.is_named_array) if hax.is_named_array(x)]
 
@@ -102,13 +131,18 @@ def main():
         (mars_state,) = [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, ScaleByMarsState))
                          if isinstance(s, ScaleByMarsState)]
         param_specs = sharding_specs(multi)
+        with hax.partitioning.set_mesh(mesh), hax.axis_mapping(MAPPING):
+            gathered = gathers(tx, params)
         results[name] = {
+            "all_gathers": gathered,
             "max_rel_diff": max(diffs),
             "params_are_sharded": any(any(p is not None for p in spec) for spec in param_specs),
             "mu_sharded_like_params": sharding_specs(mars_state.mu) == param_specs,
             "prev_sharded_like_params": kwargs.get("exact", False) is False
             or sharding_specs(mars_state.prev) == param_specs,
         }
+    if family == "mars":
+        results["building_block_gathers"] = building_block_gathers()
     json.dump(results, sys.stdout)
 
 

@@ -68,14 +68,38 @@ def update_tensor(
     return TensorUpdate(*(restore_axis_order(o, like) for o, like in zip(out, (g, mu, nu))))
 
 
+def after(*dependencies: Any) -> jax.Array:
+    """A float32 zero that can only be computed once every array in ``dependencies`` is: ``0 * one element of each``.
+
+    Added to a scale factor, it makes whatever that factor multiplies wait for the ``dependencies`` by a data
+    dependency, the only order XLA's scheduler and copy insertion are bound by (``jax.lax.optimization_barrier`` is
+    not enough: XLA:CPU expands it away first). Used to overwrite a donated buffer only after the last read of its old
+    value (else XLA copies the buffer aside) and to update one tensor at a time. It is zero unless a dependency is not
+    finite, and then that dependency, an output of the same step, is not finite either.
+    """
+    leaves = [x for x in jax.tree.leaves(dependencies) if x.size]
+    # x[0, ..., 0], not ravel(x)[0]: a reshape would gather a sharded x.
+    return sum((0.0 * x[(0,) * x.ndim].astype(jnp.float32) for x in leaves), jnp.zeros([], jnp.float32))
+
+
 def update_tensors(
     rule_for: Callable[[TensorRole], UpdateRule], roles: Any, updates: Any, mu: Any, nu: Any, g_prev: Any,
     scales: tuple[Any, Any] = (1.0, 1.0),
 ) -> TensorUpdate:
-    """:func:`update_tensor` on every tensor with the rule of its role; returns the three result trees."""
-    out = map_roles(
-        lambda role, g, m, v, p: update_tensor(rule_for(role), role, g, m, v, p, scales), roles, updates, mu, nu, g_prev
-    )
+    """:func:`update_tensor` on every tensor with the rule of its role; returns the three result trees.
+
+    One tensor at a time: each reads its gradient only once the previous tensor's moments are written (:func:`after`),
+    so the scratch memory of the update (e.g. a float32 copy of a bfloat16 buffer) is one tensor's, not the model's.
+    """
+    done = jnp.zeros([], jnp.float32)
+
+    def one_tensor(role, g, m, v, p):
+        nonlocal done
+        out = update_tensor(rule_for(role), role, g, m, v, p, (scales[0] + done, scales[1]))
+        done = after(out.mu, out.nu)
+        return out
+
+    out = map_roles(one_tensor, roles, updates, mu, nu, g_prev)
 
     def field(name: str) -> Any:
         return jax.tree.map(lambda leaf: getattr(leaf, name), out, is_leaf=lambda x: isinstance(x, TensorUpdate))

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import optax
 
 from levanter_mars.optim.objective import objective_gradient
-from levanter_mars.optim.per_tensor import ABSENT, update_tensors
+from levanter_mars.optim.per_tensor import ABSENT, after, update_tensors
 from levanter_mars.optim.tensor_roles import TensorRole, map_roles
 from levanter_mars.optim.update_rules import squared_norm
 
@@ -52,18 +52,6 @@ def global_clip_scale(tree: Any, max_norm: Optional[float]) -> Any:
         return 1.0
     norm = jnp.sqrt(sum(squared_norm(x) for x in jax.tree.leaves(tree)))
     return jnp.where(norm < max_norm, 1.0, max_norm / norm)
-
-
-def after(*dependencies: Any) -> jax.Array:
-    """A float32 zero that can only be computed once every array in ``dependencies`` is: ``0 * one element of each``.
-
-    Multiplied into what overwrites a donated buffer (as ``1 + after(...)``), it makes the overwrite wait for the
-    last reads of the old value (the ``dependencies``' computations) by a data dependency, the only order XLA's copy
-    insertion sees: ``jax.lax.optimization_barrier`` does not do it, XLA:CPU expands it away first. It is zero
-    unless a dependency is not finite, and then that dependency, an output of the same step, is not finite either.
-    """
-    leaves = [x for x in jax.tree.leaves(dependencies) if x.size]
-    return sum((0.0 * jnp.ravel(x)[0].astype(jnp.float32) for x in leaves), jnp.zeros([], jnp.float32))
 
 
 def _cast_scaled(tree: Any, scale: Any, dtype: Any) -> Any:

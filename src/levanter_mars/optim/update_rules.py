@@ -31,9 +31,15 @@ def corrected_gradient(g: jax.Array, g_prev: jax.Array | None, gamma: Any, beta:
 
 
 def squared_norm(x: jax.Array) -> jax.Array:
-    """||x||^2 in float32 at full precision, as a dot product: XLA reads ``x`` once (``sum(x * x)`` is written out
-    before it is reduced on XLA:CPU), and a TPU's default one-pass bf16 matmul precision would lose the norm."""
-    return jnp.vdot(x, x, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    """||x||^2 in float32: dot products along the last axis, then XLA's reduction over the rest.
+
+    The dot products read ``x`` once (``sum(x * x)`` is written out before it is reduced on XLA:CPU) and each sums
+    one row only: one dot product over a whole tensor accumulates sequentially on XLA:CPU, 12% off on a GPT-2
+    embedding's 38.6M entries. No reshape, so a sharded ``x`` is never gathered (``jnp.vdot`` flattens); HIGHEST
+    precision, as a TPU's default one-pass bf16 matmul would lose the norm.
+    """
+    rows = jnp.einsum("...i,...i->...", x, x, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    return jnp.sum(rows)
 
 
 def clip_to_unit_norm(c: jax.Array) -> jax.Array:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.training import describe_failure, losses, output, run_cli, run_paths, tiny_config
+from tests.helpers.training import losses, run_paths, start_cli, tiny_config
 
 OLD_MAIN = Path(__file__).parent / "data" / "checkpoints_949b23f"
 RESUMED_STEP = 20
@@ -29,18 +29,34 @@ MODES = {
 RELATIVE_TOLERANCE = 1e-5
 
 
+@pytest.fixture(scope="module")
+def resumed_runs(tmp_path_factory, pydocs_corpus):
+    """The three runs resumed by today's code, started together (their start-up and compilation overlap).
+
+    Returns ``{mode: (returncode, output, paths)}``.
+    """
+    workdir = tmp_path_factory.mktemp("upgrade")
+    started = {}
+    for mode, overrides in MODES.items():
+        run_id = f"compat-{mode}"
+        config = tiny_config(workdir, pydocs_corpus, run_id, overrides)
+        paths = run_paths(workdir, run_id)
+        shutil.copytree(OLD_MAIN / mode / f"step-{RESUMED_STEP}", paths["checkpoints"] / f"step-{RESUMED_STEP}")
+        log = workdir / f"{run_id}.log"
+        started[mode] = (start_cli(config, log_path=log), log, paths)
+    results = {}
+    for mode, (proc, log, paths) in started.items():
+        returncode = proc.wait(timeout=900)
+        results[mode] = (returncode, log.read_text(), paths)
+    return results
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
-def test_checkpoint_of_the_previous_main_resumes_where_it_left_off(tmp_path, pydocs_corpus, mode):
-    run_id = f"compat-{mode}"
-    config = tiny_config(tmp_path, pydocs_corpus, run_id, MODES[mode])
-    paths = run_paths(tmp_path, run_id)
-    shutil.copytree(OLD_MAIN / mode / f"step-{RESUMED_STEP}", paths["checkpoints"] / f"step-{RESUMED_STEP}")
-
-    proc = run_cli(config)
-
-    assert proc.returncode == 0, describe_failure(proc)
-    assert f"step-{RESUMED_STEP}" in output(proc) and "Resuming from" in output(proc), output(proc)[-3000:]
+def test_checkpoint_of_the_previous_main_resumes_where_it_left_off(resumed_runs, mode):
+    returncode, log, paths = resumed_runs[mode]
+    assert returncode == 0, log[-6000:]
+    assert f"step-{RESUMED_STEP}" in log and "Resuming from" in log, log[-3000:]
     expected = {int(step): loss for step, loss in json.loads((OLD_MAIN / "losses_after_step_20.json").read_text())[mode].items()}
     got = losses(paths["metrics"])
     assert min(got) == RESUMED_STEP + 1, sorted(got)

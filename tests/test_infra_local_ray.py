@@ -103,17 +103,16 @@ def test_tiny_run_finishes_on_the_local_engine_with_checkpoints(cluster, workdir
     assert_no_secret_written(cluster, workdir, log)
 
 
-def test_local_pod_of_two_hosts_survives_a_killed_process_and_a_lost_worker_and_resumes_bitwise(
-    workdir, pydocs_corpus, pod_reference
-):
-    """One command (no --address: the launcher starts and stops its own cluster), 2 hosts x 2 devices."""
+def test_local_pod_of_two_hosts_survives_a_killed_process_and_resumes_bitwise(workdir, pydocs_corpus, pod_reference):
+    """One command (no --address: the launcher starts and stops its own cluster), 2 hosts x 2 devices. (A lost Ray
+    worker, a preemption, is retried on its own budget: tests/test_infra_gcloud.py checks the counting.)"""
     run_id = "pod-killed"
     config = tiny_config(workdir, pydocs_corpus, run_id)
     metrics = run_paths(workdir, run_id)["metrics"]
     log_path = workdir / f"{run_id}.log"
     env = launcher_env({}, SECRETS)
     env.pop("RAY_ADDRESS", None)
-    flags = ("--num_hosts", "2", "--devices_per_host", "2", "--retries", "1", "--preemption_retries", "1")
+    flags = ("--num_hosts", "2", "--devices_per_host", "2", "--retries", "1", "--preemption_retries", "0")
     with launched(config, env, log_path, *flags) as launcher:
         # A failure: host 1's training process dies (SIGKILL) after the step-10 checkpoint; host 0 must not linger.
         first = wait_for(lambda: len(ps := training_processes(config)) == 2 and ps, what="both training processes")
@@ -128,24 +127,19 @@ def test_local_pod_of_two_hosts_survives_a_killed_process_and_a_lost_worker_and_
         killed_at = time.monotonic()
         wait_for(lambda: not survivor.is_running(), timeout=60, poll=0.2, what="host 0 to end after host 1 died")
         survivor_s = time.monotonic() - killed_at
-        # A preemption: host 0's Ray worker of the second attempt dies; its training process goes with it.
         old = {p.pid for p in first}
         second = wait_for(
             lambda: len(ps := training_processes(config)) == 2 and not old & {p.pid for p in ps} and ps,
             what="a restart of both hosts",
         )
-        wait_for(lambda: last_step(metrics) >= 24, what="step 24 of the second attempt")
-        worker = second[0].parent()
-        assert worker.cmdline()[0].startswith("ray::"), worker.cmdline()
-        worker.kill()
-        wait_for(lambda: not any(p.is_running() for p in second), timeout=60, what="both hosts to end")
+        assert all(p.parent().cmdline()[0].startswith("ray::") for p in second), "hosts run as Ray tasks"
         code = launcher.wait(timeout=900)
     log = log_path.read_text()
     print(f"host 0 ended {survivor_s:.1f} s after host 1 was killed")
     assert code == 0, log[-6000:]
     assert ": SUCCEEDED" in log and "Running on 1 x TPU cpu" in log
-    assert "Failed 1 times" in log and "Preempted 1 times" in log, "one failure and one preemption, counted apart"
-    assert sorted(set(re.findall(r"Resuming from \S+/(step-\d+)", log))) == ["step-10", "step-20"]
+    assert "Failed 1 times" in log and "Preempted" not in log, "one failure, not counted as a preemption"
+    assert sorted(set(re.findall(r"Resuming from \S+/(step-\d+)", log))) == ["step-10"]
     lines = metrics.read_text().splitlines()
     records = [json.loads(line) for line in lines]  # every line parses
     assert sorted(r["step"] for r in records if "train/loss" in r) == list(range(30)), "every step exactly once"

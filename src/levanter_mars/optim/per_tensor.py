@@ -84,19 +84,21 @@ def after(*dependencies: Any) -> jax.Array:
 
 def update_tensors(
     rule_for: Callable[[TensorRole], UpdateRule], roles: Any, updates: Any, mu: Any, nu: Any, g_prev: Any,
-    scales: tuple[Any, Any] = (1.0, 1.0),
+    scales: tuple[Any, Any] = (1.0, 1.0), one_at_a_time: bool = False,
 ) -> TensorUpdate:
     """:func:`update_tensor` on every tensor with the rule of its role; returns the three result trees.
 
-    One tensor at a time: each reads its gradient only once the previous tensor's moments are written (:func:`after`),
-    so the scratch memory of the update (e.g. a float32 copy of a bfloat16 buffer) is one tensor's, not the model's.
+    ``one_at_a_time``: each tensor reads its gradient only once the previous tensor's moments are written
+    (:func:`after`), so that scratch memory (the float32 working copy a bfloat16 buffer needs on XLA:CPU) is one
+    tensor's, not the model's; otherwise the tensors are independent and XLA may run them side by side.
     """
     done = jnp.zeros([], jnp.float32)
 
     def one_tensor(role, g, m, v, p):
         nonlocal done
         out = update_tensor(rule_for(role), role, g, m, v, p, (scales[0] + done, scales[1]))
-        done = after(out.mu, out.nu)
+        if one_at_a_time:
+            done = after(out.mu, out.nu)
         return out
 
     out = map_roles(one_tensor, roles, updates, mu, nu, g_prev)

@@ -6,10 +6,13 @@ The update is memory-bound, so this module is written for the fewest parameter-s
 * The global-norm clip is a scalar factor that the rules multiply into the gradient as they read it, rather than a
   clipped copy of the gradient written to memory and read back (``optax.clip_by_global_norm``). Exact mode's second
   gradient is clipped (and zeroed at step 1) the same way.
-* Norms are dot products, which XLA reads once, instead of ``sum(x * x)``, which XLA:CPU writes out before reducing.
+* Norms are row-wise dot products (:func:`~levanter_mars.optim.update_rules.squared_norm`), which XLA reads once,
+  instead of ``sum(x * x)``, which XLA:CPU writes out before reducing.
 * The previous-gradient (or previous-parameter) buffer is overwritten in place only after the rules have read its
-  old value: :func:`after` makes that order a data dependency. Without it XLA cannot prove the order and copies the
-  donated buffer aside, and the new value in (two parameter-sized copies per tensor, and twice the scratch memory).
+  old value: :func:`~levanter_mars.optim.per_tensor.after` makes that order a data dependency. Without it XLA cannot
+  prove the order and copies the donated buffer aside, and the new value in (two parameter-sized copies per tensor,
+  and twice the scratch memory).
+* With bfloat16 buffers the tensors are updated one at a time, so the float32 scratch they need is one tensor's.
 """
 
 from __future__ import annotations
@@ -101,8 +104,10 @@ def mars_family_update(
     previous = previous_gradient(
         state, params, obj_fn, exact=exact, corrected=corrected, roles=roles, max_grad_norm=max_grad_norm
     )
+    narrow_buffers = any(jnp.dtype(x.dtype).itemsize < 4 for x in jax.tree.leaves((state.mu, state.prev)))
     directions, mu, nu = update_tensors(
-        rule_for, roles, updates, state.mu, state.nu, previous.gradient, scales=(scale, previous.scale)
+        rule_for, roles, updates, state.mu, state.nu, previous.gradient, scales=(scale, previous.scale),
+        one_at_a_time=narrow_buffers,
     )
     if exact:
         prev = map_roles(

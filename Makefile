@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast clean-demo lock
+.PHONY: setup demo test test-all test-fast clean-demo lock
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"levanter-mars needs Python 3.11, found {sys.version.split()[0]} at {sys.executable}"'
@@ -21,8 +21,12 @@ setup: $(STAMP)
 demo: setup
 	$(PY) -m levanter_mars.main.train_lm --config_path config/gpt2_nano_mars.yaml $(ARGS)
 
-## Set up, then run the whole test suite (this is what .ci/run calls).
+## Set up, then run the test suite but the `extended` tests (this is what .ci/run calls).
 test: setup
+	$(PY) -m pytest -m "not extended" $(ARGS)
+
+## Set up, then run every test, the `extended` ones too (slow duplicates of CI coverage).
+test-all: setup
 	$(PY) -m pytest $(ARGS)
 
 ## Set up, then run the tests that are not marked slow.

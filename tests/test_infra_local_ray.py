@@ -87,6 +87,7 @@ def assert_no_secret_written(cluster, workdir, *texts):
     assert not leaked, f"credentials written to {leaked}"
 
 
+@pytest.mark.extended  # a long-lived cluster (--address): the private-cluster pod test covers the engine in CI
 def test_tiny_run_finishes_on_the_local_engine_with_checkpoints(cluster, workdir, pydocs_corpus, reference):
     config = tiny_config(workdir, pydocs_corpus, "ray-plain")
     proc = subprocess.run(
@@ -153,6 +154,7 @@ def test_local_pod_of_two_hosts_survives_a_killed_process_and_resumes_bitwise(wo
     assert not [p.pid for p in psutil.process_iter(["cmdline"]) if any(temp_dir in a for a in p.info["cmdline"] or ())]
 
 
+@pytest.mark.extended  # a long-lived cluster (--address): the private-cluster pod test covers the engine in CI
 def test_out_of_retries_the_job_fails_loudly(cluster, workdir, pydocs_corpus):
     config = tiny_config(workdir, pydocs_corpus, "ray-doomed")
     log_path = workdir / "ray-doomed.log"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 
 import jax
-import jax.numpy as jnp
 import optax
 import pytest
 

@@ -43,7 +43,7 @@ from levanter_mars.optim.hyperparameters import (
     validate_mars_hyperparameters,
 )
 from levanter_mars.optim.per_tensor import ABSENT
-from levanter_mars.optim.step import ScaleByMarsState, mars_family_update
+from levanter_mars.optim.step import ScaleByMarsState, initial_previous, mars_family_update
 from levanter_mars.optim.tensor_roles import TensorRole, map_roles, tensor_roles
 from levanter_mars.optim.update_rules import (
     MatrixLayout,
@@ -130,8 +130,8 @@ def scale_by_mars(
     mu_dtype = None if mu_dtype is None else jax.dtypes.canonicalize_dtype(mu_dtype)
     prev_dtype = None if prev_dtype is None else jax.dtypes.canonicalize_dtype(prev_dtype)
 
-    def uses_mars(role: TensorRole, tree: Any, make: Callable[[Any], Any]) -> Any:
-        return make(tree) if _uses_mars(role, optimize_1d) else ABSENT
+    def corrected(role: TensorRole) -> bool:
+        return _uses_mars(role, optimize_1d)
 
     def init_fn(params: optax.Params) -> ScaleByMarsState:
         roles = tensor_roles(params)
@@ -141,12 +141,7 @@ def scale_by_mars(
             roles,
             params,
         )
-        if exact:
-            prev = otu.tree_cast(jax.tree.map(jnp.copy, params), prev_dtype)
-        else:
-            prev = map_roles(
-                lambda role, p: uses_mars(role, p, lambda p: otu.tree_zeros_like(p, dtype=prev_dtype)), roles, params
-            )
+        prev = initial_previous(params, roles, exact=exact, corrected=corrected, prev_dtype=prev_dtype)
         return ScaleByMarsState(count=jnp.zeros([], jnp.int32), mu=mu, nu=nu, prev=prev)
 
     def rule_for(role: TensorRole, t: jax.Array, gamma_t: Any):
@@ -169,8 +164,7 @@ def scale_by_mars(
         rules = functools.partial(rule_for, t=optax.safe_increment(state.count), gamma_t=evaluate(gamma, state.count))
         return mars_family_update(
             rules, tensor_roles(updates), updates, state, params, obj_fn, exact=exact,
-            corrected=lambda role: _uses_mars(role, optimize_1d), keeps_prev=True, max_grad_norm=max_grad_norm,
-            prev_dtype=prev_dtype,
+            corrected=corrected, max_grad_norm=max_grad_norm, prev_dtype=prev_dtype,
         )
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)

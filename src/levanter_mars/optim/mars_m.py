@@ -32,7 +32,7 @@ from optax import tree_utils as otu
 
 from levanter_mars.optim.hyperparameters import ScalarOrSchedule, evaluate, validate_mars_m_hyperparameters
 from levanter_mars.optim.per_tensor import ABSENT
-from levanter_mars.optim.step import ScaleByMarsState, mars_family_update
+from levanter_mars.optim.step import ScaleByMarsState, initial_previous, mars_family_update
 from levanter_mars.optim.tensor_roles import TensorKind, TensorRole, is_role, map_roles, tensor_roles
 from levanter_mars.optim.update_rules import (
     MatrixLayout,
@@ -131,19 +131,14 @@ def scale_by_mars_m(
     mu_dtype = None if mu_dtype is None else jax.dtypes.canonicalize_dtype(mu_dtype)
     prev_dtype = None if prev_dtype is None else jax.dtypes.canonicalize_dtype(prev_dtype)
 
+    def corrected(role: TensorRole) -> bool:
+        return role.is_matrix and not efficient
+
     def init_fn(params: optax.Params) -> ScaleByMarsState:
         roles = mars_m_roles(params, matrix_mask)
         mu = map_roles(lambda role, p: otu.tree_zeros_like(p, dtype=mu_dtype), roles, params)
         nu = map_roles(lambda role, p: ABSENT if role.is_matrix else otu.tree_zeros_like(p), roles, params)
-        if exact:
-            prev = otu.tree_cast(jax.tree.map(jnp.copy, params), prev_dtype)
-        else:
-            keeps_prev = not efficient
-            prev = map_roles(
-                lambda role, p: otu.tree_zeros_like(p, dtype=prev_dtype) if role.is_matrix and keeps_prev else ABSENT,
-                roles,
-                params,
-            )
+        prev = initial_previous(params, roles, exact=exact, corrected=corrected, prev_dtype=prev_dtype)
         return ScaleByMarsState(count=jnp.zeros([], jnp.int32), mu=mu, nu=nu, prev=prev)
 
     def rule_for(role: TensorRole, t: jax.Array, gamma_t: Any):
@@ -167,8 +162,7 @@ def scale_by_mars_m(
         rules = functools.partial(rule_for, t=optax.safe_increment(state.count), gamma_t=evaluate(gamma, state.count))
         return mars_family_update(
             rules, mars_m_roles(updates, matrix_mask), updates, state, params, obj_fn, exact=exact,
-            corrected=lambda role: role.is_matrix and not efficient, keeps_prev=not efficient,
-            max_grad_norm=max_grad_norm, prev_dtype=prev_dtype,
+            corrected=corrected, max_grad_norm=max_grad_norm, prev_dtype=prev_dtype,
         )
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)

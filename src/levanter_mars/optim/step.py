@@ -23,6 +23,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import optax
+from optax import tree_utils as otu
 
 from levanter_mars.optim.objective import objective_gradient
 from levanter_mars.optim.per_tensor import ABSENT, after, update_tensors
@@ -55,6 +56,17 @@ def global_clip_scale(tree: Any, max_norm: Optional[float]) -> Any:
         return 1.0
     norm = jnp.sqrt(sum(squared_norm(x) for x in jax.tree.leaves(tree)))
     return jnp.where(norm < max_norm, 1.0, max_norm / norm)
+
+
+def initial_previous(
+    params: Any, roles: Any, *, exact: bool, corrected: Callable[[TensorRole], bool], prev_dtype: Any
+) -> Any:
+    """``prev`` before the first step: the parameters (exact), else a zero previous gradient where ``corrected``."""
+    if exact:
+        return otu.tree_cast(jax.tree.map(jnp.copy, params), prev_dtype)
+    return map_roles(
+        lambda role, p: otu.tree_zeros_like(p, dtype=prev_dtype) if corrected(role) else ABSENT, roles, params
+    )
 
 
 def _cast_scaled(tree: Any, scale: Any, dtype: Any) -> Any:
@@ -92,13 +104,12 @@ def previous_gradient(
 
 def mars_family_update(
     rule_for: Callable[[TensorRole], Any], roles: Any, updates: Any, state: ScaleByMarsState, params: Any, obj_fn: Any,
-    *, exact: bool, corrected: Callable[[TensorRole], bool], keeps_prev: bool, max_grad_norm: Optional[float],
-    prev_dtype: Any,
+    *, exact: bool, corrected: Callable[[TensorRole], bool], max_grad_norm: Optional[float], prev_dtype: Any,
 ) -> tuple[Any, ScaleByMarsState]:
     """Runs ``rule_for(role)`` on every tensor of the globally clipped ``updates``; returns (directions, state).
 
     ``corrected(role)`` says which tensors take the variance-reduced gradient (and keep a previous gradient in
-    approx mode); ``keeps_prev`` False leaves ``state.prev`` as it is (MARS-M-efficient keeps none).
+    approx mode; MARS-M-efficient corrects none, so it keeps none).
     """
     scale = global_clip_scale(updates, max_grad_norm)
     previous = previous_gradient(
@@ -113,11 +124,9 @@ def mars_family_update(
         prev = map_roles(
             lambda role, p, m, v: _cast_scaled(p, 1.0 + after(m, v, previous.scale), prev_dtype), roles, params, mu, nu
         )
-    elif keeps_prev:
+    else:
         prev = map_roles(
             lambda role, g, m, v: _cast_scaled(g, scale + after(m, v), prev_dtype) if corrected(role) else ABSENT,
             roles, updates, mu, nu,
         )
-    else:
-        prev = state.prev
     return directions, ScaleByMarsState(count=optax.safe_increment(state.count), mu=mu, nu=nu, prev=prev)

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.training import losses, run_paths, start_cli, tiny_config
+from tests.helpers.training import REPO, describe_failure, losses, run_paths, start_cli, tiny_config
 
 OLD_MAIN = Path(__file__).parent / "data" / "checkpoints_949b23f"
 RESUMED_STEP = 20
@@ -36,13 +38,18 @@ def resumed_runs(tmp_path_factory, pydocs_corpus):
     Returns ``{mode: (returncode, output, paths)}``.
     """
     workdir = tmp_path_factory.mktemp("upgrade")
+    configs = {mode: tiny_config(workdir, pydocs_corpus, f"compat-{mode}", overrides) for mode, overrides in MODES.items()}
+    # The runs share the token caches: built first, as a user would before parallel runs, so none reads them half-built.
+    pretokenize = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "pretokenize.py"), "--config_path", str(configs["approx"])],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+    assert pretokenize.returncode == 0, describe_failure(pretokenize)
     started = {}
-    for mode, overrides in MODES.items():
-        run_id = f"compat-{mode}"
-        config = tiny_config(workdir, pydocs_corpus, run_id, overrides)
-        paths = run_paths(workdir, run_id)
+    for mode, config in configs.items():
+        paths = run_paths(workdir, f"compat-{mode}")
         shutil.copytree(OLD_MAIN / mode / f"step-{RESUMED_STEP}", paths["checkpoints"] / f"step-{RESUMED_STEP}")
-        log = workdir / f"{run_id}.log"
+        log = workdir / f"compat-{mode}.log"
         started[mode] = (start_cli(config, log_path=log), log, paths)
     results = {}
     for mode, (proc, log, paths) in started.items():

@@ -9,6 +9,7 @@ duration of the import; the optimizers built from it keep their own module globa
 
 from __future__ import annotations
 
+import functools
 import importlib
 import io
 import subprocess
@@ -49,8 +50,10 @@ def _ours(name: str) -> bool:
     return name == PACKAGE or name.startswith(f"{PACKAGE}.")
 
 
+@functools.cache
 def load_optim(ref: str) -> ModuleType:
-    """``levanter_mars.optim`` as of git ``ref``; the current modules are back in place when this returns."""
+    """``levanter_mars.optim`` as of git ``ref`` (read and imported once per process); the current modules are back in
+    place when this returns."""
     source = Path(tempfile.mkdtemp(prefix=f"levanter-mars-{ref.replace('/', '_')}-")) / "tree"
     _extract(ref, source)
     current = {name: module for name, module in sys.modules.items() if _ours(name)}

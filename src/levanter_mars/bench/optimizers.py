@@ -69,9 +69,9 @@ def _optim(baseline_ref: Optional[str]) -> Any:
     return load_optim(baseline_ref)
 
 
-def _ours(variant: str, exact: bool, dtype: Any, optim: Callable[[], Any]) -> Callable[[], optax.GradientTransformation]:
+def _ours(variant: str, exact: bool, dtype: Any, ref: Optional[str]) -> Callable[[], optax.GradientTransformation]:
     def build() -> optax.GradientTransformation:
-        return optim().mars(
+        return _optim(ref).mars(
             6e-3, variant=variant, exact=exact, weight_decay=0.01, max_grad_norm=1.0, mu_dtype=dtype, prev_dtype=dtype
         )
 
@@ -82,9 +82,9 @@ MARS_M_MODES = {"approx": {}, "exact": {"exact": True}, "efficient": {"efficient
 MUON = "muon-fp32"
 
 
-def _mars_m(optim: Callable[[], Any], **mode: Any) -> Callable[[], optax.GradientTransformation]:
+def _mars_m(ref: Optional[str], **mode: Any) -> Callable[[], optax.GradientTransformation]:
     def build() -> optax.GradientTransformation:
-        return optim().mars_m(6e-3, weight_decay=0.01, max_grad_norm=1.0, **mode)
+        return _optim(ref).mars_m(6e-3, weight_decay=0.01, max_grad_norm=1.0, **mode)
 
     return build
 
@@ -93,7 +93,9 @@ def ours_name(variant: str, exact: bool, dtype_name: str) -> str:
     return f"mars-{variant}-{'exact' if exact else 'approx'}-{dtype_name}"
 
 
-def _our_cases(optim: Callable[[], Any], suffix: str = "") -> list[OptimizerCase]:
+def _our_cases(ref: Optional[str] = None) -> list[OptimizerCase]:
+    """Ours, from this checkout or (named ``<name>@<ref>``) as of git ``ref``."""
+    suffix = "" if ref is None else f"@{ref}"
     cases = []
     for variant in VARIANTS:
         for exact in (False, True):
@@ -101,7 +103,7 @@ def _our_cases(optim: Callable[[], Any], suffix: str = "") -> list[OptimizerCase
                 cases.append(
                     OptimizerCase(
                         ours_name(variant, exact, dtype_name) + suffix,
-                        _ours(variant, exact, dtype, optim),
+                        _ours(variant, exact, dtype, ref),
                         exact=exact,
                         description=f"levanter_mars.optim.mars(variant={variant!r}, exact={exact}, "
                         f"mu_dtype=prev_dtype={dtype_name}){suffix}",
@@ -110,12 +112,12 @@ def _our_cases(optim: Callable[[], Any], suffix: str = "") -> list[OptimizerCase
     for mode, kwargs in MARS_M_MODES.items():
         cases.append(
             OptimizerCase(
-                f"mars-m-{mode}-fp32{suffix}", _mars_m(optim, **kwargs), exact=mode == "exact",
+                f"mars-m-{mode}-fp32{suffix}", _mars_m(ref, **kwargs), exact=mode == "exact",
                 description=f"levanter_mars.optim.mars_m({', '.join(f'{k}=True' for k in kwargs)}){suffix}",
             )
         )
     cases.append(
-        OptimizerCase(MUON + suffix, _mars_m(optim, efficient=True, gamma=0.0),
+        OptimizerCase(MUON + suffix, _mars_m(ref, efficient=True, gamma=0.0),
                       description=f"Muon: levanter_mars.optim.mars_m(gamma=0, efficient=True){suffix}")
     )
     return cases
@@ -127,10 +129,9 @@ def all_cases(baseline_ref: Optional[str] = None) -> list[OptimizerCase]:
         OptimizerCase(ADAMW, _adamw, description="optax.adamw after clip_by_global_norm(1.0)"),
         OptimizerCase(LEVANTER_MARS, _levanter_mars, description="levanter.optim.mars.MarsConfig (approx)"),
     ]
-    cases += _our_cases(lambda: _optim(None))
+    cases += _our_cases()
     if baseline_ref is not None:
-        cache: dict[str, Any] = {}
-        cases += _our_cases(lambda: cache.setdefault("optim", _optim(baseline_ref)), suffix=f"@{baseline_ref}")
+        cases += _our_cases(baseline_ref)
     return cases
 
 

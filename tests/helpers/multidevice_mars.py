@@ -58,23 +58,27 @@ def run(tx, params, sharded: bool):
         for i in range(STEPS):
             params, state = step(params, state, *batch(params, i))
         return params, state
-    step = hax.named_jit(make_step(tx), axis_resources=MAPPING)
-    params = hax.shard(params, MAPPING)
-    state = hax.named_jit(tx.init, axis_resources=MAPPING)(params)
+    step, params, state = sharded_step(tx, params)
     for i in range(STEPS):
-        a, t = batch(params, i)
-        params, state = step(params, state, hax.shard(a, MAPPING), hax.shard(t, MAPPING))
+        params, state = step(params, state, *sharded_batch(params, i))
     return params, state
+
+
+def sharded_step(tx, params):
+    """The step jitted over the mesh, and the parameters and optimizer state sharded on it."""
+    params = hax.shard(params, MAPPING)
+    return hax.named_jit(make_step(tx), axis_resources=MAPPING), params, hax.named_jit(tx.init, axis_resources=MAPPING)(params)
+
+
+def sharded_batch(params, step):
+    return tuple(hax.shard(x, MAPPING) for x in batch(params, step))
 
 
 def gathers(tx, params) -> list[str]:
     """The all-gathers in the compiled sharded step: an elementwise update with norms needs none (a reshape of a
     tensor sharded along a minor axis, as ``jnp.vdot`` does, makes XLA gather it whole)."""
-    step = hax.named_jit(make_step(tx), axis_resources=MAPPING)
-    params = hax.shard(params, MAPPING)
-    state = hax.named_jit(tx.init, axis_resources=MAPPING)(params)
-    a, t = batch(params, 0)
-    return _all_gathers(step.lower(params, state, hax.shard(a, MAPPING), hax.shard(t, MAPPING)).compile())
+    step, params, state = sharded_step(tx, params)
+    return _all_gathers(step.lower(params, state, *sharded_batch(params, 0)).compile())
 
 
 def _all_gathers(compiled) -> list[str]:
@@ -86,7 +90,7 @@ def building_block_gathers() -> dict[str, list[str]]:
     (``jnp.vdot``, ``ravel(x)[0]``) makes XLA gather the whole matrix onto every device."""
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from levanter_mars.optim.step import after
+    from levanter_mars.optim.per_tensor import after
     from levanter_mars.optim.update_rules import squared_norm
 
     mesh = Mesh(np.array(jax.devices()), ("devices",))

@@ -83,7 +83,7 @@ def main(argv=None) -> None:
     if args.steps:
         overrides = conv.deep_merge(overrides, {"trainer": {"num_train_steps": args.steps}})
     if args.corpus:
-        from levanter_mars.training import pydocs_corpus
+        from levanter_mars.training.data import pydocs_corpus
 
         overrides = conv.deep_merge(overrides, pydocs_corpus.config_section(args.corpus.resolve()))
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else ([0] if args.quick else [0, 1])
@@ -124,7 +124,7 @@ def main(argv=None) -> None:
     summary = conv.summarize(results, specs)
     plot = None
     if args.plot:
-        from levanter_mars.training.plots import plot_loss_curves
+        from levanter_mars.training.run.plots import plot_loss_curves
 
         best = {}
         for name, entry in summary["optimizers"].items():

@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     import fsspec
     import gcsfs
 
-    from levanter_mars.training import checkpoints as ckpt
+    from levanter_mars.training.checkpointing import integrity as ckpt
     from tests.helpers.gcs import gcs_emulator
 
     with gcs_emulator() as gcs:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 import sys
 
-from levanter_mars.training import cache_check
-from levanter_mars.training import data as data_lib
-from levanter_mars.training import pydocs_corpus
+from levanter_mars.training.data import cache_check
+from levanter_mars.training.data import sources as data_lib
+from levanter_mars.training.data import pydocs_corpus
 from levanter_mars.eval.train_config import parse_train_config
 from levanter_mars.training.config import ConfigError
 

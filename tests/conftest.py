@@ -64,7 +64,7 @@ def _no_network():
 @pytest.fixture(scope="session")
 def pydocs_corpus(tmp_path_factory):
     """The embedded corpus and tokenizer, built once per test session."""
-    from levanter_mars.training import pydocs_corpus
+    from levanter_mars.training.data import pydocs_corpus
 
     directory = tmp_path_factory.mktemp("pydocs")
     pydocs_corpus.prepare(directory)

@@ -114,7 +114,7 @@ def test_missing_data_files_behind_an_existing_cache_are_warned_about(tmp_path, 
     """Raw files may be deleted once tokenized, so a cache excuses them, but not silently."""
     from types import SimpleNamespace
 
-    from levanter_mars.training.data import missing_data_paths
+    from levanter_mars.training.data.sources import missing_data_paths
 
     data = SimpleNamespace(cache_dir=str(tmp_path / "cache"), train_urls=[str(tmp_path / "gone.jsonl")],
                            validation_urls=[])

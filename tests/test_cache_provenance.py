@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from levanter_mars.training import cache_check
-from levanter_mars.training import pydocs_corpus as corpus_lib
+from levanter_mars.training.data import cache_check
+from levanter_mars.training.data import pydocs_corpus as corpus_lib
 from levanter_mars.training.config import parse_config
-from levanter_mars.training.provenance import RECORD_FILE
+from levanter_mars.training.data.provenance import RECORD_FILE
 from tests.helpers.training import (
     REPO,
     describe_failure,

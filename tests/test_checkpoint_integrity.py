@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from levanter_mars.training import checkpoints as ckpt
+from levanter_mars.training.checkpointing import integrity as ckpt
 
 
 def _make_checkpoint(root, step, *, manifest=True):
@@ -109,7 +109,7 @@ def test_unwritable_directory_is_reported_by_name(tmp_path):
 def test_when_every_checkpoint_is_bad_the_restart_from_scratch_is_reported(tmp_path, monkeypatch, caplog):
     import logging
 
-    from levanter_mars.training.resume import load_first_usable, plan_resume
+    from levanter_mars.training.checkpointing.resume import load_first_usable, plan_resume
 
     run = tmp_path / "run"
     for step in (10, 20):

@@ -308,7 +308,7 @@ def test_defect_15_a_relative_base_path_keeps_every_temporary_checkpoint(tmp_pat
 
 
 def test_defect_15_workaround_deletes_superseded_temporary_checkpoints(tmp_path, monkeypatch):
-    from levanter_mars.training.checkpointer import VerifiedCheckpointerConfig
+    from levanter_mars.training.checkpointing.writer import VerifiedCheckpointerConfig
 
     monkeypatch.chdir(tmp_path)
     checkpointer = VerifiedCheckpointerConfig(base_path="ckpts").create("run")

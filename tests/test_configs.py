@@ -137,7 +137,7 @@ def test_an_offline_wandb_tracker_puts_wandb_mode_in_the_environment(monkeypatch
 def test_fresh_twice_in_one_second_keeps_both_old_runs(tmp_path, monkeypatch):
     import datetime
 
-    from levanter_mars.training import fresh
+    from levanter_mars.training.run import fresh
 
     class FrozenClock(datetime.datetime):
         @classmethod

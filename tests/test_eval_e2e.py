@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from levanter_mars.training.metrics import read_metrics
+from levanter_mars.training.run.metrics import read_metrics
 from tests.helpers.evals import (
     EIGHT_DEVICES,
     LOCAL_TASKS,

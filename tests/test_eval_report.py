@@ -6,7 +6,7 @@ import pytest
 
 from levanter_mars.eval import report
 from levanter_mars.eval.report import TableColumn
-from levanter_mars.training.metrics import JsonlMetricsTracker, read_metrics
+from levanter_mars.training.run.metrics import JsonlMetricsTracker, read_metrics
 from scripts import compare_evals
 from tests.helpers.training import REPO
 

@@ -18,10 +18,10 @@ import google_crc32c
 import pytest
 import yaml
 
-from levanter_mars.training import cache_check
-from levanter_mars.training import checkpoints as ckpt
+from levanter_mars.training.data import cache_check
+from levanter_mars.training.checkpointing import integrity as ckpt
 from levanter_mars.training.config import parse_config
-from levanter_mars.training.provenance import read_record
+from levanter_mars.training.data.provenance import read_record
 from tests.helpers.evals import LOCAL_TASKS, OFFLINE_SUITE, item_loglikelihoods, run_eval_cli
 from tests.helpers.pod import run_pod, start_pod
 from tests.helpers import training as cli

@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from levanter_mars.training.checkpoints import MANIFEST_NAME, audit_checkpoint, audit_run
-from levanter_mars.training.metrics import read_metrics
+from levanter_mars.training.checkpointing.integrity import MANIFEST_NAME, audit_checkpoint, audit_run
+from levanter_mars.training.run.metrics import read_metrics
 from tests.helpers.checkpoint_arrays import checkpoint_arrays
 from tests.helpers.faults import prelude
 from tests.helpers.training import (

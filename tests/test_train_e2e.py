@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from levanter_mars.training.checkpoints import MANIFEST_NAME
-from levanter_mars.training.metrics import read_metrics
+from levanter_mars.training.checkpointing.integrity import MANIFEST_NAME
+from levanter_mars.training.run.metrics import read_metrics
 from tests.helpers.training import (
     REFERENCE_MODES,
     describe_failure,

@@ -23,7 +23,7 @@ def _is_step_dir(path: str, step: int) -> bool:
 
 def install_kill_before_manifest(step: int) -> None:
     """SIGKILL after ``metadata.json`` of ``step-<step>`` is written but before its manifest is."""
-    from levanter_mars.training import checkpoints
+    from levanter_mars.training.checkpointing import integrity as checkpoints
 
     original = checkpoints.write_manifest
 

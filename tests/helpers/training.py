@@ -13,8 +13,8 @@ from typing import Any, Callable, Optional
 
 import yaml
 
-from levanter_mars.training import pydocs_corpus
-from levanter_mars.training.metrics import read_metrics
+from levanter_mars.training.data import pydocs_corpus
+from levanter_mars.training.run.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_CONFIG = REPO / "config" / "gpt2_tiny_mars.yaml"
@@ -143,7 +143,7 @@ def output(proc: subprocess.CompletedProcess) -> str:
 def rerun_matches_reference(config, paths, reference_runs, mode="approx", resumed_from=None, unverified=()):
     """Reruns ``config`` to the end and checks its losses are bitwise the uninterrupted reference run's (and, with
     ``resumed_from``, that it resumed from that step), and that every checkpoint left verifies."""
-    from levanter_mars.training.checkpoints import audit_run
+    from levanter_mars.training.checkpointing.integrity import audit_run
 
     rerun = run_cli(config)
     assert rerun.returncode == 0, describe_failure(rerun)

@@ -19,8 +19,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 import yaml
 
-from levanter_mars.training import pydocs_corpus
-from levanter_mars.training.metrics import METRICS_FILENAME, read_metrics
+from levanter_mars.training.data import pydocs_corpus
+from levanter_mars.training.run.metrics import METRICS_FILENAME, read_metrics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,8 +103,8 @@ def run_config(
 def prepare_corpus(base: Mapping[str, Any], workdir: Path, overrides: Optional[Mapping[str, Any]] = None) -> None:
     """Builds the embedded corpus and its token caches for the runs of ``workdir``, once, so that parallel runs
     only read them."""
-    from levanter_mars.training import cache_check
-    from levanter_mars.training import data as data_lib
+    from levanter_mars.training.data import cache_check
+    from levanter_mars.training.data import sources as data_lib
     from levanter_mars.eval.train_config import parse_train_config
 
     config = run_config(base, SWEEP[0], SWEEP[0].learning_rates[0], 0, workdir, overrides)

@@ -34,7 +34,7 @@ class ModelSize:
     batch_size: int
 
 
-PYDOCS_VOCAB = 4096  # levanter_mars.training.pydocs_corpus.VOCAB_SIZE (not imported: it pulls in the tokenizer stack)
+PYDOCS_VOCAB = 4096  # levanter_mars.training.data.pydocs_corpus.VOCAB_SIZE (not imported: it pulls in the tokenizer stack)
 GPT2_VOCAB = 50257
 SIZES = {
     size.name: size

@@ -4,7 +4,7 @@ What is evaluated:
 
 * a levanter-mars/Levanter checkpoint ``.../<run id>/step-N`` (only its ``model/`` is read);
 * a run's checkpoint directory ``.../<run id>``: its newest complete checkpoint (the one training would resume from;
-  incomplete or corrupt ones are skipped, see :mod:`levanter_mars.training.checkpoints`);
+  incomplete or corrupt ones are skipped, see :mod:`levanter_mars.training.checkpointing.integrity`);
 * nothing given: the run checkpoint directory named by the training config;
 * an exported HF checkpoint directory (``config.json`` + weights, e.g. from ``hf_save_path``).
 
@@ -41,9 +41,9 @@ from levanter_mars.eval import report
 from levanter_mars.eval.suite import EvalSuiteConfig
 from levanter_mars.eval.train_config import TrainAndEvalConfig as TrainLmConfig
 from levanter_mars.eval.train_config import parse_train_config
-from levanter_mars.training.checkpoints import METADATA_NAME, CheckpointError, audit_checkpoint, audit_run
+from levanter_mars.training.checkpointing.integrity import METADATA_NAME, CheckpointError, audit_checkpoint, audit_run
 from levanter_mars.training.config import ConfigError
-from levanter_mars.training.identity import stable_run_id
+from levanter_mars.training.run.identity import stable_run_id
 from levanter_mars.training.trainer import MarsTrainerConfig
 
 logger = logging.getLogger(__name__)

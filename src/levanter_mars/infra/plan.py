@@ -19,7 +19,7 @@ from levanter_mars.infra.slices import MeshPlan, SliceType, launch_slice, plan_m
 from levanter_mars.training import validation
 from levanter_mars.eval.train_config import TrainAndEvalConfig as TrainLmConfig
 from levanter_mars.eval.train_config import parse_train_config
-from levanter_mars.training.identity import stable_run_id
+from levanter_mars.training.run.identity import stable_run_id
 
 
 def _plain(value: Any) -> Any:

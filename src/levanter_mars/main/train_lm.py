@@ -16,14 +16,18 @@ import levanter
 from levanter_mars.compat.tracking import wandb_offline_unless_configured
 from levanter_mars.eval import in_training
 from levanter_mars.eval.train_config import TrainAndEvalConfig, parse_train_config
-from levanter_mars.training import cache_check, data, distributed, fresh, pydocs_corpus, validation
-from levanter_mars.training.checkpoints import CheckpointError
+from levanter_mars.training import distributed, validation
+from levanter_mars.training.data import cache_check
+from levanter_mars.training.data import sources as data
+from levanter_mars.training.run import fresh
+from levanter_mars.training.data import pydocs_corpus
+from levanter_mars.training.checkpointing.integrity import CheckpointError
 from levanter_mars.training.config import ConfigError
 from levanter_mars.training.errors import DataExhaustedError, NonFiniteTrainingError
-from levanter_mars.training.identity import checkpoint_dir, describe_run, run_dir, stable_run_id
+from levanter_mars.training.run.identity import checkpoint_dir, describe_run, run_dir, stable_run_id
 from levanter_mars.training.lm import train_lm
-from levanter_mars.training.resume import plan_resume
-from levanter_mars.training.summary import RunSummary, summarize
+from levanter_mars.training.checkpointing.resume import plan_resume
+from levanter_mars.training.run.summary import RunSummary, summarize
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from levanter.optim import OptimizerConfig
 import levanter_mars.optim.levanter_config  # noqa: F401  (registers mars-adamw, mars-lion, mars-shampoo)
 from levanter_mars.compat.cli import argparse_errors_raise
 from levanter_mars.optim.levanter_config import MarsAdamWConfig
-from levanter_mars.training.data_config import DataConfig, UrlDataConfig
+from levanter_mars.training.data.config import DataConfig, UrlDataConfig
 from levanter_mars.training.distributed import shared_error
 from levanter_mars.training.trainer import MarsTrainerConfig
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from levanter_mars.training.checkpoints import CheckpointError
+from levanter_mars.training.checkpointing.integrity import CheckpointError
 from levanter_mars.training.distributed import shared_error
 
 

@@ -1,7 +1,7 @@
 """Builds and trains a language model: what Levanter's ``train_lm.main`` does, with :class:`MarsTrainer`.
 
 Called by the entry point once ``jax.distributed`` is up and the config is validated; the entry point decides what is
-resumed (:class:`~levanter_mars.training.resume.ResumePlan`) and which extra hooks (evaluations) run.
+resumed (:class:`~levanter_mars.training.checkpointing.resume.ResumePlan`) and which extra hooks (evaluations) run.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from levanter.utils.jax_utils import parameter_count
 
 from levanter_mars.compat.levanter_models import hf_converter
 from levanter_mars.training.config import TrainLmConfig
-from levanter_mars.training.resume import ResumePlan
+from levanter_mars.training.checkpointing.resume import ResumePlan
 from levanter_mars.training.trainer import MarsTrainer
 
 logger = logging.getLogger(__name__)

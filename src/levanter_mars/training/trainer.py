@@ -4,7 +4,7 @@
   exactly like the main gradient (``per_device_parallelism``), so exact mode fits wherever approx mode fits.
 * ``metrics.jsonl`` in the run directory, written by process 0 only and trimmed on resume so that a resumed run's
   file reads as one run.
-* Resume follows the :class:`~levanter_mars.training.resume.ResumePlan` process 0 made: every host loads the same
+* Resume follows the :class:`~levanter_mars.training.checkpointing.resume.ResumePlan` process 0 made: every host loads the same
   checkpoint, or all move on to the previous one together.
 * Non-finite steps are skipped (and counted as ``optim/skipped_steps``) or stop the run, per ``trainer.nonfinite``;
   a non-finite state is never written to a checkpoint.
@@ -29,13 +29,13 @@ from levanter.utils.tree_utils import inference_mode
 
 from levanter_mars.compat.levanter_training import FixedTrainer, stop_data_loader
 from levanter_mars.optim.guard import skip_nonfinite_updates
-from levanter_mars.training import checkpoints as ckpt
+from levanter_mars.training.checkpointing import integrity as ckpt
 from levanter_mars.training import distributed
-from levanter_mars.training.checkpointer import VerifiedCheckpointer, VerifiedCheckpointerConfig
+from levanter_mars.training.checkpointing.writer import VerifiedCheckpointer, VerifiedCheckpointerConfig
 from levanter_mars.training.errors import DataExhaustedError
-from levanter_mars.training.metrics import METRICS_FILENAME, JsonlMetricsTracker
+from levanter_mars.training.run.metrics import METRICS_FILENAME, JsonlMetricsTracker
 from levanter_mars.training.nonfinite import NONFINITE_POLICIES, NonFiniteMonitor
-from levanter_mars.training.resume import ResumePlan, load_first_usable
+from levanter_mars.training.checkpointing.resume import ResumePlan, load_first_usable
 
 logger = logging.getLogger(__name__)
 

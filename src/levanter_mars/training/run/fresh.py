@@ -8,7 +8,7 @@ import os
 import shutil
 from typing import Optional
 
-from levanter_mars.training.identity import checkpoint_dir, run_dir
+from levanter_mars.training.run.identity import checkpoint_dir, run_dir
 
 logger = logging.getLogger(__name__)
 

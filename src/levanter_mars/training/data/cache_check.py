@@ -23,8 +23,8 @@ import fsspec
 from levanter.data.text import LMMixtureDatasetConfig
 
 from levanter_mars.training.config import ConfigError
-from levanter_mars.training.data import SPLITS, component_cache_dir, data_sources
-from levanter_mars.training.provenance import (
+from levanter_mars.training.data.sources import SPLITS, component_cache_dir, data_sources
+from levanter_mars.training.data.provenance import (
     RECORD_FILE,
     Difference,
     differences,

@@ -7,7 +7,7 @@ from typing import Mapping
 
 import numpy as np
 
-from levanter_mars.training.metrics import read_metrics
+from levanter_mars.training.run.metrics import read_metrics
 
 
 def _series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:

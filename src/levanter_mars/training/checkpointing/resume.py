@@ -12,9 +12,9 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from levanter_mars.training import checkpoints as ckpt
+from levanter_mars.training.checkpointing import integrity as ckpt
 from levanter_mars.training import distributed
-from levanter_mars.training.checkpointer import all_finite
+from levanter_mars.training.checkpointing.writer import all_finite
 
 logger = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from levanter_mars.training.config import TrainLmConfig
-from levanter_mars.training.identity import checkpoint_dir, run_dir
-from levanter_mars.training.metrics import METRICS_FILENAME, read_metrics
-from levanter_mars.training.plots import plot_loss_curves
+from levanter_mars.training.run.identity import checkpoint_dir, run_dir
+from levanter_mars.training.run.metrics import METRICS_FILENAME, read_metrics
+from levanter_mars.training.run.plots import plot_loss_curves
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import draccus
 import fsspec
 from levanter.data.text import LmDatasetFormatBase, preprocessor_for_format
 
-from levanter_mars.training.data import expand_local, is_local
+from levanter_mars.training.data.sources import expand_local, is_local
 
 logger = logging.getLogger(__name__)
 

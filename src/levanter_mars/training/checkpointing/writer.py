@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from levanter.checkpoint import Checkpointer, CheckpointerConfig, CheckpointInterval
 
 from levanter_mars.compat.levanter_training import checkpointer_base_path, last_saved_step, raise_pending_write_error
-from levanter_mars.training import checkpoints as ckpt
+from levanter_mars.training.checkpointing import integrity as ckpt
 from levanter_mars.training.errors import NonFiniteTrainingError
 
 

@@ -1,0 +1,1 @@
+"""Checkpointing: checkpoints written with a manifest, audited, quarantined when bad, and the resume plan."""

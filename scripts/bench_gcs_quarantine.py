@@ -1,7 +1,7 @@
 """Time to quarantine a checkpoint on object storage: the old whole-prefix move against the in-place quarantine.
 
 Runs on the local GCS emulator of the tests (tests/helpers/gcs.py, needs the test extras), with checkpoints of
-synthetic chunk objects. The baseline is what ``checkpoints.quarantine`` did before: ``fs.mv(prefix, ...,
+synthetic chunk objects. The baseline is what ``checkpointing.quarantine.quarantine`` did before: ``fs.mv(prefix, ...,
 recursive=True)``, which on GCS copies and deletes every object. Prints seconds and HTTP requests for each object
 count, and the ratio baseline / in-place.
 
@@ -30,7 +30,9 @@ def main(argv=None) -> int:
     import fsspec
     import gcsfs
 
-    from levanter_mars.training.checkpointing import integrity as ckpt
+    from levanter_mars.training.checkpointing.manifest import write_manifest
+    from levanter_mars.training.checkpointing.quarantine import quarantine
+    from levanter_mars.training.checkpointing.storage import METADATA_NAME
     from tests.helpers.gcs import gcs_emulator
 
     with gcs_emulator() as gcs:
@@ -43,8 +45,8 @@ def main(argv=None) -> int:
             root = f"{gcs.bucket}/{name}/run/step-20"
             fs.pipe({f"{root}/model/w/c.{i}": b"\x01" * 64 for i in range(n - 2)})
             metadata = {"step": 20, "timestamp": "2026-01-01T00:00:00"}
-            fs.pipe(f"{root}/{ckpt.METADATA_NAME}", json.dumps(metadata).encode())
-            ckpt.write_manifest(f"gs://{root}", step=20)
+            fs.pipe(f"{root}/{METADATA_NAME}", json.dumps(metadata).encode())
+            write_manifest(f"gs://{root}", step=20)
             fs.invalidate_cache()
             gcs.requests.clear()
             return root
@@ -59,7 +61,7 @@ def main(argv=None) -> int:
             old = make(f"move-{n}", n)
             moved = measure(lambda: fs.mv(old, f"{gcs.bucket}/move-{n}/run.quarantine/step-20.x", recursive=True))
             new = make(f"inplace-{n}", n)
-            in_place = measure(lambda: ckpt.quarantine(f"gs://{new}", "benchmark"))
+            in_place = measure(lambda: quarantine(f"gs://{new}", "benchmark"))
             print(f"{n:>8} {moved[0]:>8.2f} {moved[1]:>9} {in_place[0]:>11.3f} {in_place[1]:>13} "
                   f"{moved[0] / in_place[0]:>7.0f}")
     return 0

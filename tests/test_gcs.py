@@ -19,7 +19,10 @@ import pytest
 import yaml
 
 from levanter_mars.training.data import cache_check
-from levanter_mars.training.checkpointing import integrity as ckpt
+from levanter_mars.training.checkpointing.audit import audit_checkpoint, audit_run
+from levanter_mars.training.checkpointing.manifest import write_manifest
+from levanter_mars.training.checkpointing.quarantine import clear_quarantine_marker, quarantine
+from levanter_mars.training.checkpointing.storage import MANIFEST_NAME, METADATA_NAME, QUARANTINE_MARKER, REASON_NAME
 from levanter_mars.training.config import parse_config
 from levanter_mars.training.data.provenance import read_record
 from tests.helpers.evals import LOCAL_TASKS, OFFLINE_SUITE, item_loglikelihoods, run_eval_cli
@@ -46,8 +49,8 @@ def _make_checkpoint(fs, url: str, step: int, num_arrays: int) -> str:
     """A checkpoint of ``num_arrays`` chunk objects, metadata.json and a manifest, written as the checkpointer does."""
     root = _plain(url)
     fs.pipe({f"{root}/model/w/c.{i}": bytes([i % 251]) * (16 + i % 7) for i in range(num_arrays)})
-    fs.pipe(f"{root}/{ckpt.METADATA_NAME}", json.dumps({"step": step, "timestamp": "2026-01-01T00:00:00"}).encode())
-    ckpt.write_manifest(url, step=step, run_info={"optimizer": {"type": "mars-adamw"}})
+    fs.pipe(f"{root}/{METADATA_NAME}", json.dumps({"step": step, "timestamp": "2026-01-01T00:00:00"}).encode())
+    write_manifest(url, step=step, run_info={"optimizer": {"type": "mars-adamw"}})
     return url
 
 
@@ -56,11 +59,11 @@ def _make_checkpoint(fs, url: str, step: int, num_arrays: int) -> str:
 
 def test_manifest_crc32c_comes_from_the_object_metadata_and_equals_the_bytes_checksum(gs, gcs):
     url = _make_checkpoint(gs, gcs.gs("manifest/run/step-10"), 10, 5)
-    manifest = json.loads(gs.cat(f"{_plain(url)}/{ckpt.MANIFEST_NAME}"))
+    manifest = json.loads(gs.cat(f"{_plain(url)}/{MANIFEST_NAME}"))
     for rel, entry in manifest["files"].items():
         data = gs.cat(f"{_plain(url)}/{rel}")
         assert entry == {"size": len(data), "crc32c": google_crc32c.Checksum(data).digest().hex()}, rel
-    assert ckpt.audit_checkpoint(url).state == "verified"
+    assert audit_checkpoint(url).state == "verified"
 
 
 @pytest.mark.parametrize(
@@ -77,7 +80,7 @@ def test_damage_is_detected_as_on_local_disk(gs, gcs, damage, reason):
     url = _make_checkpoint(gs, gcs.gs(f"damage/{reason[:7].replace(' ', '-')}/step-10"), 10, 5)
     damage(gs, _plain(url))
     gs.invalidate_cache()
-    status = ckpt.audit_checkpoint(url)
+    status = audit_checkpoint(url)
     assert status.state == "corrupt" and reason in status.reason, status
 
 
@@ -88,7 +91,7 @@ def _quarantine_operations(gs, gcs, name: str, num_arrays: int) -> tuple[int, st
     url = _make_checkpoint(gs, gcs.gs(f"quarantine/{name}/step-20"), 20, num_arrays)
     gs.invalidate_cache()
     gcs.requests.clear()
-    destination = ckpt.quarantine(url, "corrupt: checksum mismatch in model/w/c.0")
+    destination = quarantine(url, "corrupt: checksum mismatch in model/w/c.0")
     return sum(gcs.requests.values()), url, destination
 
 
@@ -101,19 +104,19 @@ def test_quarantine_on_gcs_costs_the_same_object_operations_for_10_and_1000_obje
 
     run = posixpath.dirname(url)
     assert discover_latest_checkpoint(run) is None, "Levanter's discovery no longer sees it"
-    assert ckpt.audit_run(run) == [], "nor does our audit: it is not quarantined twice"
+    assert audit_run(run) == [], "nor does our audit: it is not quarantined twice"
     assert len(gs.find(f"{_plain(url)}/model")) == 1000, "nothing deleted"
     moved = sorted(posixpath.basename(p) for p in gs.ls(_plain(destination)))
-    assert moved == sorted([ckpt.METADATA_NAME, ckpt.MANIFEST_NAME, ckpt.REASON_NAME])
-    reason = gs.cat(f"{_plain(destination)}/{ckpt.REASON_NAME}").decode()
+    assert moved == sorted([METADATA_NAME, MANIFEST_NAME, REASON_NAME])
+    reason = gs.cat(f"{_plain(destination)}/{REASON_NAME}").decode()
     assert reason.startswith("corrupt: checksum mismatch") and url in reason
 
     # Restoring by hand, as docs/reliability.md says: copy the two objects back, delete the marker.
-    for name in (ckpt.METADATA_NAME, ckpt.MANIFEST_NAME):
+    for name in (METADATA_NAME, MANIFEST_NAME):
         gs.copy(f"{_plain(destination)}/{name}", f"{_plain(url)}/{name}")
-    gs.rm(f"{_plain(url)}/{ckpt.QUARANTINE_MARKER}")
+    gs.rm(f"{_plain(url)}/{QUARANTINE_MARKER}")
     gs.invalidate_cache()
-    assert [s.state for s in ckpt.audit_run(run)] == ["verified"]
+    assert [s.state for s in audit_run(run)] == ["verified"]
     assert discover_latest_checkpoint(run) == url
 
 
@@ -121,9 +124,9 @@ def test_a_step_saved_anew_after_a_quarantine_is_audited_and_loses_the_marker(gs
     _, url, _ = _quarantine_operations(gs, gcs, "saved-anew", 10)
     _make_checkpoint(gs, url, 20, 10)  # what a resumed run does when it reaches step 20 again
     gs.invalidate_cache()
-    assert [s.state for s in ckpt.audit_run(posixpath.dirname(url))] == ["verified"]
-    ckpt.clear_quarantine_marker(url)  # the checkpointer's commit
-    assert not gs.exists(f"{_plain(url)}/{ckpt.QUARANTINE_MARKER}")
+    assert [s.state for s in audit_run(posixpath.dirname(url))] == ["verified"]
+    clear_quarantine_marker(url)  # the checkpointer's commit
+    assert not gs.exists(f"{_plain(url)}/{QUARANTINE_MARKER}")
 
 
 # ------------------------------------------------------------------------------- provenance, launcher config
@@ -191,7 +194,7 @@ def gs_run(workdir, pydocs_corpus, gcs, reference_runs):
     kill_at = random.randint(11, 28)
     # Once step-10 is committed (the emulator may still be writing it at step 14): the rerun must resume, not restart.
     fs = gcsfs.GCSFileSystem(endpoint_url=gcs.url, token="anon", skip_instance_cache=True)
-    committed = f"{_plain(paths['checkpoints'])}/step-10/{ckpt.MANIFEST_NAME}"
+    committed = f"{_plain(paths['checkpoints'])}/step-10/{MANIFEST_NAME}"
     killed = cli.start_cli(config, log_path=workdir / f"{run_id}.log", env=gcs.env)
     reached = lambda: cli.last_step(paths["metrics"]) >= kill_at and fs.exists(committed)  # noqa: E731
     assert cli.kill_when(killed, reached, poll=0.2), f"ended before step {kill_at}"
@@ -213,7 +216,7 @@ def test_killed_run_on_gs_resumes_with_losses_bitwise_equal_to_local_disk(gs_run
     context = f"killed at step {kill_at}"
     assert f"Resuming from {paths['checkpoints']}/step-" in cli.output(rerun), (context, cli.output(rerun)[-3000:])
     _assert_losses_equal_the_local_disk_run(paths, reference_runs, context)
-    statuses = ckpt.audit_run(paths["checkpoints"])
+    statuses = audit_run(paths["checkpoints"])
     assert all(s.state == "verified" for s in statuses), statuses
     assert {10, 20, 29} <= {s.step for s in statuses}
     temporary = {s.step for s in statuses} - {10, 20, 29}
@@ -241,12 +244,12 @@ def test_torn_newest_checkpoint_on_gs_is_quarantined_and_the_run_resumes_from_th
     _assert_losses_equal_the_local_disk_run(paths, reference_runs, "torn step-29")
     (record,) = gs.glob(f"{_plain(paths['checkpoints'])}.quarantine/step-29.*")
     assert sorted(posixpath.basename(p) for p in gs.ls(record)) == sorted(
-        [ckpt.METADATA_NAME, ckpt.MANIFEST_NAME, ckpt.REASON_NAME]
+        [METADATA_NAME, MANIFEST_NAME, REASON_NAME]
     )
     # Step 29 was then saved anew over the set-aside arrays: intact, and no longer marked.
     gs.invalidate_cache()
-    assert ckpt.audit_checkpoint(newest).state == "verified"
-    assert not gs.exists(f"{_plain(newest)}/{ckpt.QUARANTINE_MARKER}")
+    assert audit_checkpoint(newest).state == "verified"
+    assert not gs.exists(f"{_plain(newest)}/{QUARANTINE_MARKER}")
 
 
 @pytest.mark.slow
@@ -279,7 +282,7 @@ def test_pod_sharing_the_bucket_resumes_after_a_killed_host_like_the_uninterrupt
     config = cli.tiny_config(workdir, pydocs_corpus, run_id, overrides)
     paths = cli.run_paths(workdir, run_id)
     fs = gcsfs.GCSFileSystem(endpoint_url=gcs.url, token="anon", skip_instance_cache=True)
-    committed = f"{gcs.bucket}/pod/{run_id}/step-10/{ckpt.MANIFEST_NAME}"
+    committed = f"{gcs.bucket}/pod/{run_id}/step-10/{MANIFEST_NAME}"
     victim, kill_at = random.randrange(2), random.randint(11, 28)
     pod = start_pod(config, log_dir=workdir / "logs", name=run_id, env=gcs.env)
     try:

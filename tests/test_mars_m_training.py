@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from levanter_mars.training.checkpointing.integrity import MANIFEST_NAME
+from levanter_mars.training.checkpointing.storage import MANIFEST_NAME
 from levanter_mars.training.run.metrics import read_metrics
 from tests.helpers.training import (
     describe_failure,

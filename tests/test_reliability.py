@@ -9,7 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from levanter_mars.training.checkpointing.integrity import MANIFEST_NAME, audit_checkpoint, audit_run
+from levanter_mars.training.checkpointing.audit import audit_checkpoint, audit_run
+from levanter_mars.training.checkpointing.storage import MANIFEST_NAME
 from levanter_mars.training.run.metrics import read_metrics
 from tests.helpers.checkpoint_arrays import checkpoint_arrays
 from tests.helpers.faults import prelude

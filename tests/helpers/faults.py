@@ -23,9 +23,9 @@ def _is_step_dir(path: str, step: int) -> bool:
 
 def install_kill_before_manifest(step: int) -> None:
     """SIGKILL after ``metadata.json`` of ``step-<step>`` is written but before its manifest is."""
-    from levanter_mars.training.checkpointing import integrity as checkpoints
+    from levanter_mars.training.checkpointing import manifest
 
-    original = checkpoints.write_manifest
+    original = manifest.write_manifest
 
     def write_manifest(checkpoint_path, *, step: int, run_info=None):
         if step == target:
@@ -33,7 +33,7 @@ def install_kill_before_manifest(step: int) -> None:
         return original(checkpoint_path, step=step, run_info=run_info)
 
     target = step
-    checkpoints.write_manifest = write_manifest
+    manifest.write_manifest = write_manifest
 
 
 class _PartialWriter:

@@ -143,7 +143,7 @@ def output(proc: subprocess.CompletedProcess) -> str:
 def rerun_matches_reference(config, paths, reference_runs, mode="approx", resumed_from=None, unverified=()):
     """Reruns ``config`` to the end and checks its losses are bitwise the uninterrupted reference run's (and, with
     ``resumed_from``, that it resumed from that step), and that every checkpoint left verifies."""
-    from levanter_mars.training.checkpointing.integrity import audit_run
+    from levanter_mars.training.checkpointing.audit import audit_run
 
     rerun = run_cli(config)
     assert rerun.returncode == 0, describe_failure(rerun)

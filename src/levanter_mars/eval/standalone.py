@@ -4,7 +4,7 @@ What is evaluated:
 
 * a levanter-mars/Levanter checkpoint ``.../<run id>/step-N`` (only its ``model/`` is read);
 * a run's checkpoint directory ``.../<run id>``: its newest complete checkpoint (the one training would resume from;
-  incomplete or corrupt ones are skipped, see :mod:`levanter_mars.training.checkpointing.integrity`);
+  incomplete or corrupt ones are skipped, see :mod:`levanter_mars.training.checkpointing.audit`);
 * nothing given: the run checkpoint directory named by the training config;
 * an exported HF checkpoint directory (``config.json`` + weights, e.g. from ``hf_save_path``).
 
@@ -19,7 +19,6 @@ import dataclasses
 import logging
 import os
 import posixpath
-import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -41,7 +40,9 @@ from levanter_mars.eval import report
 from levanter_mars.eval.suite import EvalSuiteConfig
 from levanter_mars.eval.train_config import TrainAndEvalConfig as TrainLmConfig
 from levanter_mars.eval.train_config import parse_train_config
-from levanter_mars.training.checkpointing.integrity import METADATA_NAME, CheckpointError, audit_checkpoint, audit_run
+from levanter_mars.training.checkpointing.audit import STEP_DIR, audit_checkpoint, audit_run
+from levanter_mars.training.checkpointing.storage import METADATA_NAME
+from levanter_mars.training.errors import CheckpointError
 from levanter_mars.training.config import ConfigError
 from levanter_mars.training.run.identity import stable_run_id
 from levanter_mars.training.trainer import MarsTrainerConfig
@@ -49,7 +50,6 @@ from levanter_mars.training.trainer import MarsTrainerConfig
 logger = logging.getLogger(__name__)
 
 HF_CONFIG_NAME = "config.json"
-_STEP_DIR = re.compile(r"step-(\d+)")
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ def _tokenizer_name(config: EvalHarnessMainConfig, train: Optional[TrainLmConfig
 def _hf_name(path: str) -> tuple[str, Optional[int]]:
     """An HF export's run name and step: ``<hf_save_path>/<run id>/step-N`` gives (run id, N)."""
     parent, name = posixpath.split(path.rstrip("/"))
-    match = _STEP_DIR.fullmatch(name)
+    match = STEP_DIR.fullmatch(name)
     return (posixpath.basename(parent) or name, int(match.group(1))) if match else (name, None)
 
 

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 from levanter_mars.eval.standalone import EvalHarnessMainConfig, evaluate
 from levanter_mars.eval.suite import EvalDatasetError, TaskSpecError
-from levanter_mars.training.checkpointing.integrity import CheckpointError
+from levanter_mars.training.errors import CheckpointError
 from levanter_mars.training.config import ConfigError, config_path_argument, parse_config
 
 

@@ -21,7 +21,7 @@ from levanter_mars.training.data import cache_check
 from levanter_mars.training.data import sources as data
 from levanter_mars.training.run import fresh
 from levanter_mars.training.data import pydocs_corpus
-from levanter_mars.training.checkpointing.integrity import CheckpointError
+from levanter_mars.training.errors import CheckpointError
 from levanter_mars.training.config import ConfigError
 from levanter_mars.training.errors import DataExhaustedError, NonFiniteTrainingError
 from levanter_mars.training.run.identity import checkpoint_dir, describe_run, run_dir, stable_run_id

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import chex
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
@@ -27,8 +28,9 @@ class NonFiniteGuardState(NamedTuple):
         return {**inner, "skipped_steps": self.skipped_steps}
 
 
-def _all_finite(tree: Any) -> jax.Array:
-    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+def all_finite(tree: Any) -> jax.Array:
+    """Whether every floating-point array in ``tree`` is free of NaN/Inf (other leaves are ignored)."""
+    leaves = [x for x in jax.tree.leaves(tree) if eqx.is_inexact_array(x)]
     if not leaves:
         return jnp.array(True)
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
@@ -54,7 +56,7 @@ def skip_nonfinite_updates(inner: optax.GradientTransformation) -> optax.Gradien
 
     def update_fn(updates, state: NonFiniteGuardState, params=None, **extra_args):
         new_updates, new_inner = inner.update(updates, state.inner_state, params, **extra_args)
-        finite = _all_finite(updates) & _all_finite(new_updates) & _all_finite(new_inner)
+        finite = all_finite(updates) & all_finite(new_updates) & all_finite(new_inner)
         new_updates = jax.tree.map(lambda u: jnp.where(finite, u, jnp.zeros_like(u)), new_updates)
         new_inner = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_inner, state.inner_state)
         skipped = jnp.where(finite, 0, 1).astype(jnp.int32)

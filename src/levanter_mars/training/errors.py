@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from levanter_mars.training.checkpointing.integrity import CheckpointError
 from levanter_mars.training.distributed import shared_error
 
 
@@ -16,4 +15,6 @@ class DataExhaustedError(RuntimeError):
     """The training data ran out before ``num_train_steps``."""
 
 
-shared_error(CheckpointError)
+@shared_error
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be used or written; the message names it and says why."""

@@ -29,10 +29,10 @@ from levanter.utils.tree_utils import inference_mode
 
 from levanter_mars.compat.levanter_training import FixedTrainer, stop_data_loader
 from levanter_mars.optim.guard import skip_nonfinite_updates
-from levanter_mars.training.checkpointing import integrity as ckpt
 from levanter_mars.training import distributed
 from levanter_mars.training.checkpointing.writer import VerifiedCheckpointer, VerifiedCheckpointerConfig
-from levanter_mars.training.errors import DataExhaustedError
+from levanter_mars.training.checkpointing.storage import check_writable
+from levanter_mars.training.errors import CheckpointError, DataExhaustedError
 from levanter_mars.training.run.metrics import METRICS_FILENAME, JsonlMetricsTracker
 from levanter_mars.training.nonfinite import NONFINITE_POLICIES, NonFiniteMonitor
 from levanter_mars.training.checkpointing.resume import ResumePlan, load_first_usable
@@ -124,7 +124,7 @@ class MarsTrainer(FixedTrainer):
     # ----------------------------------------------------------------------------------------------- hooks
     def before_default_hooks(self) -> None:
         directory = self.config.checkpointer.expanded_path(self.run_id)
-        distributed.leader_decides(lambda: ckpt.check_writable(directory))
+        distributed.leader_decides(lambda: check_writable(directory))
 
     def after_default_hooks(self) -> None:
         if isinstance(self.checkpointer, VerifiedCheckpointer):
@@ -151,7 +151,7 @@ class MarsTrainer(FixedTrainer):
         if state is None:
             self._resume_from = None
             if self.config.load_checkpoint is True:
-                raise ckpt.CheckpointError(
+                raise CheckpointError(
                     f"trainer.load_checkpoint is true but no usable checkpoint exists in "
                     f"{self.resume_plan.checkpoint_dir if self.resume_plan else self.checkpoint_path}"
                 )

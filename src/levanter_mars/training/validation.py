@@ -17,9 +17,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from levanter_mars.training.checkpointing.integrity import CheckpointError, check_writable
+from levanter_mars.training.checkpointing.storage import check_writable
 from levanter_mars.training.config import ConfigError, TrainLmConfig
 from levanter_mars.training.data.sources import missing_data_paths
+from levanter_mars.training.errors import CheckpointError
 from levanter_mars.training import distributed
 from levanter_mars.training.nonfinite import NONFINITE_POLICIES
 

@@ -12,9 +12,12 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from levanter_mars.training.checkpointing import integrity as ckpt
 from levanter_mars.training import distributed
-from levanter_mars.training.checkpointing.writer import all_finite
+from levanter_mars.training.checkpointing.audit import audit_run
+from levanter_mars.training.checkpointing.compatibility import check_compatible
+from levanter_mars.training.checkpointing.quarantine import quarantine
+from levanter_mars.training.checkpointing.writer import state_is_finite
+from levanter_mars.training.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 
@@ -33,15 +36,15 @@ def plan_resume(checkpoint_dir: str, run_info: dict, *, verify_checksums: bool) 
 
     def decide() -> dict:
         usable, quarantined = [], 0
-        for status in ckpt.audit_run(checkpoint_dir, verify_checksums=verify_checksums):
+        for status in audit_run(checkpoint_dir, verify_checksums=verify_checksums):
             if status.usable:
                 usable.append(status)
                 continue
             logger.warning("Skipping %s checkpoint %s: %s", status.state, status.path, status.reason)
-            ckpt.quarantine(status.path, f"{status.state}: {status.reason}")
+            quarantine(status.path, f"{status.state}: {status.reason}")
             quarantined += 1
         if usable:  # before anything is built or compiled
-            ckpt.check_compatible(usable[0], run_info)
+            check_compatible(usable[0], run_info)
         candidates = [{"path": s.path, "step": s.step, "state": s.state} for s in usable]
         return {"candidates": candidates, "quarantined": quarantined}
 
@@ -66,14 +69,14 @@ def load_first_usable(plan: ResumePlan, run_info: dict, load: Callable[[str], ob
             logger.warning("Checkpoint %s does not load here (%s)", path, failure)
         if not distributed.all_processes(failure is None):
             if candidate["state"] == "verified":
-                raise ckpt.CheckpointError(
+                raise CheckpointError(
                     f"checkpoint {path} is intact (its manifest verifies) but does not load into this run's state "
                     f"({failure or 'failed on another host'}). Was the model or optimizer config changed?"
                 )
             _quarantine_on_leader(path, f"failed to load: {failure or 'on another host'}")
             quarantined += 1
             continue
-        if not bool(all_finite(state.saveable_state)):  # a global reduction: the same answer on every host
+        if not bool(state_is_finite(state.saveable_state)):  # a global reduction: the same answer on every host
             logger.warning("Checkpoint %s holds NaN/Inf; trying the previous one", path)
             _quarantine_on_leader(path, "state contains NaN/Inf")
             quarantined += 1
@@ -89,4 +92,4 @@ def load_first_usable(plan: ResumePlan, run_info: dict, load: Callable[[str], ob
 
 
 def _quarantine_on_leader(path: str, reason: str) -> None:
-    distributed.leader_decides(lambda: ckpt.quarantine(path, reason))
+    distributed.leader_decides(lambda: quarantine(path, reason))

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import equinox as eqx
-import jax
-import jax.numpy as jnp
 from levanter.checkpoint import Checkpointer, CheckpointerConfig, CheckpointInterval
 
 from levanter_mars.compat.levanter_training import checkpointer_base_path, last_saved_step, raise_pending_write_error
-from levanter_mars.training.checkpointing import integrity as ckpt
-from levanter_mars.training.errors import NonFiniteTrainingError
+from levanter_mars.optim.guard import all_finite
+from levanter_mars.training.checkpointing import manifest
+from levanter_mars.training.checkpointing.quarantine import clear_quarantine_marker
+from levanter_mars.training.errors import CheckpointError, NonFiniteTrainingError
 
 
 @dataclass
@@ -35,7 +35,7 @@ class VerifiedCheckpointerConfig(CheckpointerConfig):
 class VerifiedCheckpointer(Checkpointer):
     """A Checkpointer that writes a manifest after each commit (process 0, after every host's writes), refuses
     non-finite states, saves a step once, and surfaces asynchronous write failures (disk full, permissions) as a
-    :class:`~checkpoints.CheckpointError`."""
+    :class:`~levanter_mars.training.errors.CheckpointError`."""
 
     run_info: dict
     """Stored in every manifest (the trainer sets it) and compared on resume."""
@@ -85,13 +85,13 @@ class VerifiedCheckpointer(Checkpointer):
         try:
             raise_pending_write_error(self)
         except Exception as e:  # noqa: BLE001
-            raise ckpt.CheckpointError(
+            raise CheckpointError(
                 f"writing a checkpoint under {self.base_path!r} failed ({type(e).__name__}: {e}). The previous "
                 "checkpoint is intact; free disk space or fix permissions, then rerun the same command to resume."
             ) from e
 
     def save_checkpoint(self, info, destination: str, commit_callback=None, *, is_temporary: bool = False):
-        if not bool(all_finite(info.state.saveable_state)):
+        if not bool(state_is_finite(info.state.saveable_state)):
             raise NonFiniteTrainingError(
                 f"refusing to checkpoint step {info.step}: the training state contains NaN/Inf"
             )
@@ -101,15 +101,15 @@ class VerifiedCheckpointer(Checkpointer):
             self.before_save()
 
         def commit():  # process 0 only, once every host's writes are done
-            ckpt.clear_quarantine_marker(path)  # this step was quarantined in place before: now saved anew
-            ckpt.write_manifest(path, step=step, run_info=self.run_info)
+            clear_quarantine_marker(path)  # this step was quarantined in place before: now saved anew
+            manifest.write_manifest(path, step=step, run_info=self.run_info)
             if commit_callback is not None:
                 commit_callback()  # deletes the previous temporary checkpoint: only after this one is complete
 
         try:
             super().save_checkpoint(info, destination, commit_callback=commit, is_temporary=is_temporary)
         except OSError as e:
-            raise ckpt.CheckpointError(
+            raise CheckpointError(
                 f"cannot write checkpoint {path} ({type(e).__name__}: {e}). The previous checkpoint is intact; free "
                 "disk space or fix trainer.checkpointer.base_path, then rerun the same command to resume."
             ) from e
@@ -118,9 +118,4 @@ class VerifiedCheckpointer(Checkpointer):
 # One compiled program: dispatched op by op, the per-leaf reductions of a sharded state are dozens of small
 # collective programs in flight at once, which deadlock XLA:CPU's multi-device rendezvous (seen with 8 simulated
 # devices: "Expected 8 threads to join the rendezvous, but only 7 of them arrived", then abort).
-@eqx.filter_jit
-def all_finite(tree: Any) -> jax.Array:
-    leaves = [x for x in jax.tree.leaves(tree) if eqx.is_inexact_array(x)]
-    if not leaves:
-        return jnp.array(True)
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+state_is_finite = eqx.filter_jit(all_finite)

@@ -25,10 +25,18 @@ def optimizer_type_name(optimizer: OptimizerConfig) -> str:
     return type(optimizer).__name__
 
 
+#: Fields of the optimizer config that change its state's layout: a checkpoint written with other values cannot be
+#: resumed (``checkpointing.compatibility``). ``type`` is the registered optimizer name.
+_LAYOUT_OPTIONS = ("exact", "optimize_1d", "efficient")
+OPTIMIZER_LAYOUT_FIELDS = ("type", *_LAYOUT_OPTIONS)
+#: Recorded for the record only: these may change between runs.
+_OPTIMIZER_HYPERPARAMETERS = ("learning_rate", "learning_rate_1d", "gamma")
+
+
 def describe_run(config) -> dict[str, Any]:
     """What a checkpoint must agree with to be resumed: recorded in each checkpoint manifest."""
     optimizer = {"type": optimizer_type_name(config.optimizer)}
-    for key in ("exact", "optimize_1d", "efficient", "learning_rate", "learning_rate_1d", "gamma"):
+    for key in (*_LAYOUT_OPTIONS, *_OPTIMIZER_HYPERPARAMETERS):
         if hasattr(config.optimizer, key):
             optimizer[key] = getattr(config.optimizer, key)
     return {"optimizer": optimizer, "model": {"type": type(config.model).__name__}}

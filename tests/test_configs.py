@@ -8,7 +8,7 @@ import haliax as hax
 import jax
 import pytest
 
-from levanter_mars.eval.train_config import parse_train_config as parse_config
+from levanter_mars.eval.train_config import parse_train_config
 from levanter_mars.training.config import ConfigError
 from levanter_mars.training.validation import check_placeholders
 
@@ -18,7 +18,7 @@ SIZES = {"small": 124e6, "medium": 355e6, "large": 774e6, "xl": 1.56e9}
 
 
 def _parse(path: Path):
-    return parse_config(["--config_path", str(path)])
+    return parse_train_config(["--config_path", str(path)])
 
 
 def test_the_recipe_configs_exist():
@@ -124,13 +124,14 @@ def test_an_offline_wandb_tracker_puts_wandb_mode_in_the_environment(monkeypatch
     monkeypatch.setenv("WANDB_MODE", "set so that monkeypatch restores it")
     monkeypatch.delenv("WANDB_MODE")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    config = parse_config(["--config_path", str(repo / "config" / "gpt2_nano_mars.yaml")])
+    config = parse_train_config(["--config_path", str(repo / "config" / "gpt2_nano_mars.yaml")])
     assert config.trainer.tracker.mode == "offline"
     wandb_offline_unless_configured(config.trainer)
     assert os.environ["WANDB_MODE"] == "offline"
     # An explicit WANDB_MODE is left alone.
     monkeypatch.setenv("WANDB_MODE", "online")
-    wandb_offline_unless_configured(parse_config(["--config_path", str(repo / "config" / "gpt2_nano_mars.yaml")]).trainer)
+    nano = parse_train_config(["--config_path", str(repo / "config" / "gpt2_nano_mars.yaml")])
+    wandb_offline_unless_configured(nano.trainer)
     assert os.environ["WANDB_MODE"] == "online"
 
 

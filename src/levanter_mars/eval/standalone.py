@@ -38,8 +38,7 @@ from levanter_mars.compat.levanter_models import hf_converter
 from levanter_mars.compat.lm_eval_harness import run_eval_harness
 from levanter_mars.eval import report
 from levanter_mars.eval.suite import EvalSuiteConfig
-from levanter_mars.eval.train_config import TrainAndEvalConfig as TrainLmConfig
-from levanter_mars.eval.train_config import parse_train_config
+from levanter_mars.eval.train_config import TrainAndEvalConfig, parse_train_config
 from levanter_mars.training.checkpointing.audit import STEP_DIR, audit_checkpoint, audit_run
 from levanter_mars.training.checkpointing.storage import METADATA_NAME
 from levanter_mars.training.errors import CheckpointError
@@ -95,7 +94,7 @@ class EvalReport:
     outputs: dict
 
 
-def load_train_config(path: str) -> TrainLmConfig:
+def load_train_config(path: str) -> TrainAndEvalConfig:
     try:
         return parse_train_config(["--config_path", path])
     except ConfigError as e:
@@ -136,7 +135,7 @@ def resolve_checkpoint(path: str, *, is_hf: Optional[bool] = None, verify_checks
     raise CheckpointError(f"no usable checkpoint: {'; '.join(problems)}")
 
 
-def _trainer_config(config: EvalHarnessMainConfig, train: Optional[TrainLmConfig]) -> MarsTrainerConfig:
+def _trainer_config(config: EvalHarnessMainConfig, train: Optional[TrainAndEvalConfig]) -> MarsTrainerConfig:
     """The training run's trainer settings, made suitable for a one-off evaluation (no tracker, no Ray)."""
     trainer = train.trainer if train is not None else MarsTrainerConfig()
     overrides = {"tracker": NoopConfig(), "ray": RayConfig(auto_start_cluster=False)}
@@ -149,7 +148,9 @@ def _trainer_config(config: EvalHarnessMainConfig, train: Optional[TrainLmConfig
     return dataclasses.replace(trainer, **overrides)
 
 
-def _tokenizer_name(config: EvalHarnessMainConfig, train: Optional[TrainLmConfig], source: CheckpointSource) -> str:
+def _tokenizer_name(
+    config: EvalHarnessMainConfig, train: Optional[TrainAndEvalConfig], source: CheckpointSource
+) -> str:
     if config.tokenizer:
         return config.tokenizer
     if source.is_hf:
@@ -170,7 +171,7 @@ def _comparable(path: str) -> str:
     return path if "://" in path else os.path.realpath(path)
 
 
-def checkpoint_run_id(train: TrainLmConfig, source: CheckpointSource) -> str:
+def checkpoint_run_id(train: TrainAndEvalConfig, source: CheckpointSource) -> str:
     """The run a Levanter checkpoint belongs to: the training config's run, unless the checkpoint lies outside that
     run's checkpoint directory (another run of the same YAML, e.g. one trained with ``--trainer.id`` or other
     command-line overrides); then the name of the run directory holding the checkpoint. Without this, evaluating
@@ -189,7 +190,7 @@ def checkpoint_run_id(train: TrainLmConfig, source: CheckpointSource) -> str:
 
 def default_output_dir(
     config: EvalHarnessMainConfig,
-    train: Optional[TrainLmConfig],
+    train: Optional[TrainAndEvalConfig],
     source: CheckpointSource,
     suite: str,
     run_id: Optional[str] = None,

@@ -17,8 +17,7 @@ import yaml
 from levanter_mars.infra.config import JobConfig, LaunchError
 from levanter_mars.infra.slices import MeshPlan, SliceType, launch_slice, plan_mesh
 from levanter_mars.training import validation
-from levanter_mars.eval.train_config import TrainAndEvalConfig as TrainLmConfig
-from levanter_mars.eval.train_config import parse_train_config
+from levanter_mars.eval.train_config import TrainAndEvalConfig, parse_train_config
 from levanter_mars.training.run.identity import stable_run_id
 
 
@@ -33,7 +32,7 @@ REDACTED = "<redacted: copied from the launching shell's environment>"
 class PreparedRun:
     job: JobConfig
     slice: SliceType
-    config: TrainLmConfig
+    config: TrainAndEvalConfig
     run_id: str
     train_argv: tuple[str, ...]
     """The training command's arguments on every host: the config, the overrides, and the pinned run id."""
@@ -96,7 +95,7 @@ def _check_shipped_path(path: str, working_dir: str, flag: str) -> None:
         )
 
 
-def _check_for_pod(config: TrainLmConfig) -> None:
+def _check_for_pod(config: TrainAndEvalConfig) -> None:
     base = config.trainer.checkpointer.base_path
     if not is_url(str(base)):
         raise LaunchError(

@@ -531,3 +531,121 @@ def test_defect_27_a_task_that_fails_to_load_is_not_named_and_the_workaround_nam
     with pytest.raises(ValueError, match="Failed to load task my_alias") as ours:
         lm_eval_harness.TaskErrorsNamed(task_spec=[])._get_task_and_rename(None, "my_alias", {"task": "broken_mc"})
     assert isinstance(ours.value.__cause__, FileNotFoundError)
+
+
+def test_defect_2_the_copied_train_step_fails_loudly_when_upstreams_changes(monkeypatch):
+    from levanter.trainer import Trainer
+
+    levanter_training.check_copied_train_step_is_current()  # the pinned Levanter: the copy is of this very source
+    original = Trainer._train_step
+
+    def changed(self, state, batch, batch_kwargs, _no_hooks=False):  # what any upstream edit looks like to the hash
+        return original(self, state, batch, batch_kwargs, _no_hooks)
+
+    monkeypatch.setattr(Trainer, "_train_step", changed)
+    with pytest.raises(RuntimeError, match="Trainer._train_step changed"):
+        levanter_training.check_copied_train_step_is_current()
+    with pytest.raises(RuntimeError, match="COPIED_TRAIN_STEP_SHA256"):  # before the trainer uses any argument
+        levanter_training.FixedTrainer(None, None, None)
+
+
+def test_defect_10_data_loader_prefetch_thread_has_no_public_stop():
+    import numpy as np
+    from levanter.data import DataLoader
+    from levanter.data.dataset import ListAsyncDataset
+
+    with _one_device_mesh():
+        data = ListAsyncDataset([np.arange(4, dtype=np.int32)] * 64, is_complete=True)
+        iterator = iter(DataLoader(data, batch_size=2, max_buffered_batches=2))
+        next(iterator)
+        thread = iterator._batches.thread
+        assert thread.is_alive()  # blocked on its full queue, 31 batches to go
+        assert not [name for name in ("stop", "close", "shutdown") if hasattr(iterator, name)]
+        levanter_training.stop_data_loader(iterator)
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+
+
+def test_defect_16_datasets_reports_each_packaged_builder_load_to_s3(monkeypatch, tmp_path):
+    import datasets.config
+    import datasets.load
+
+    heads = []
+
+    class _Session:
+        def head(self, url, **kwargs):
+            heads.append(url)
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)  # as outside the tests (conftest sets it)
+    monkeypatch.setattr(datasets.load, "get_session", _Session)
+    datasets.load.PackagedDatasetModuleFactory("json", data_files=str(tmp_path / "x.jsonl"))
+    assert heads and "s3.amazonaws.com" in heads[0], heads
+    heads.clear()
+    with lm_eval_harness.no_datasets_download_counts():
+        datasets.load.PackagedDatasetModuleFactory("json", data_files=str(tmp_path / "x.jsonl"))
+    assert heads == []
+
+
+def _node_exists(node_id: str) -> bool:
+    import ast
+    from pathlib import Path
+
+    path, function = node_id.split("::")
+    file = Path(__file__).resolve().parent.parent / path
+    if not file.is_file():
+        return False
+    tree = ast.parse(file.read_text())
+    return any(isinstance(n, ast.FunctionDef) and n.name == function for n in tree.body)
+
+
+def _workaround_exists(name: str) -> bool:
+    import importlib
+    from pathlib import Path
+
+    if (Path(__file__).resolve().parent.parent / name).is_file():
+        return True
+    parts = f"levanter_mars.{name}".split(".")
+    for split in range(len(parts), 1, -1):
+        try:
+            target = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        try:
+            for attribute in parts[split:]:
+                target = getattr(target, attribute)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def test_every_compat_entry_names_the_installed_version_a_workaround_and_a_reproducing_test_that_exist():
+    from levanter_mars.compat import DEFECTS
+
+    numbers = [d.number for d in DEFECTS]
+    assert len(numbers) == len(set(numbers)), numbers
+    for defect in DEFECTS:
+        package, version = defect.upstream.split("==")
+        installed = ".".join(map(str, __import__("sys").version_info[:2])) if package == "python" else (
+            importlib.metadata.version(package)
+        )
+        assert installed == version, (defect.number, defect.upstream, installed)
+        assert _workaround_exists(defect.workaround), (defect.number, defect.workaround)
+        assert _node_exists(defect.test), (defect.number, defect.test)
+        assert f"defect_{defect.number}_" in defect.test or defect.number == 17, (defect.number, defect.test)
+
+
+def test_every_defect_the_compat_modules_cite_is_in_the_index():
+    import re
+    from pathlib import Path
+
+    from levanter_mars.compat import DEFECTS
+
+    listed = {d.number for d in DEFECTS}
+    package = Path(levanter_training.__file__).parent
+    cited = set()
+    for module in package.glob("*.py"):
+        for group in re.findall(r"[Dd]efects? ([\d, and]+)", module.read_text()):
+            cited.update(int(n) for n in re.findall(r"\d+", group))
+    assert cited <= listed, sorted(cited - listed)
+    assert cited, "no module cites a defect: the pattern is stale"

@@ -1,67 +1,218 @@
-"""Every monkeypatch and private-name use of a dependency (Levanter, lm-eval, datasets, wandb, jax, argparse).
+"""Every monkeypatch and private-name use of a dependency (Levanter, lm-eval, datasets, wandb, jax, Ray, argparse).
 
-Each piece names the defect it works around; ``tests/test_compat.py`` reproduces each defect against the installed
-packages, so that the day upstream fixes one, its test fails and the workaround can be deleted. Nothing outside this
-package patches a dependency or reaches for a private name.
-
-Levanter 1.2.dev1644:
-
-1. ``LambdaCallback.on_step(info, force)`` drops ``force``, so the end-of-training checkpoint is never written:
-   :func:`levanter_training.forward_force_to_checkpointer`.
-2. ``Trainer._train_step``'s ``obj_fun`` unpacks ``(loss, metrics)`` from a loss function that returns one value,
-   is not microbatched, and ``take_train_step`` passes ``loss=`` along: our trainer overrides the step
-   (:func:`levanter_training.microbatched_gradients` reaches the private microbatching), and MARS calls
-   ``obj_fn(params)`` only.
-3. ``Gpt2Config.hf_checkpoint_converter`` hard-codes ``reference_checkpoint="gpt2"`` and so contacts the HF hub:
-   :func:`levanter_models.hf_converter` builds GPT-2's converter offline (training and the standalone eval both use it;
-   no patch since the entry point builds the converter itself).
-4. *Retired:* ``train_lm.main`` hard-codes ``Trainer``. Our own entry point builds ``MarsTrainer`` itself.
-5. Training ends quietly when the data runs out before ``num_train_steps``: ``MarsTrainer.train`` raises instead.
-6. Not declared by Levanter: ``chex`` and ``GitPython``: pinned in ``pyproject.toml``.
-7. Levanter's loss passes a float ``where=`` mask, an error from jax 0.8: ``jax==0.7.2`` is pinned.
-8. Levanter's own ``mars`` calls ``jax.tree_map`` (removed from jax): we register ``mars-*`` names instead, and the
-   benchmarks build and trace it under :func:`levanter_optimizers.jax_tree_map_restored`.
-9. The default tracker (wandb, online) fails without an API key: :func:`tracking.wandb_offline_unless_configured`.
-10. ``DataLoaderIterator`` starts a prefetch thread and has no public way to stop it; if the process exits while it
-    reads, the interpreter aborts (exit 134): :func:`levanter_training.stop_data_loader`.
-11. ``LmEvalHarnessConfig.to_task_dict`` builds ``TaskManager()`` with no ``include_path``, so a local task YAML
-    cannot be evaluated: :func:`lm_eval_harness.lm_eval_task_manager`.
-12. *Patch retired:* ``train_lm.main`` forced the final hooks twice and Levanter's harness hook logged with
-    ``step=None``; our entry point installs :class:`levanter_mars.eval.in_training.EvalHarnessHook` itself, which
-    reaches Levanter's private evaluation through :func:`lm_eval_harness.run_eval_harness`.
-13. The eval harness fails on a mesh of more than one device ("Received incompatible devices for jitted
-    computation"): :func:`lm_eval_harness.eval_harness_on_mesh`.
-14. ``levanter.infra.tpus.get_current_tpu_is_preempted`` asks the GCE metadata server without a timeout:
-    :func:`levanter_infra.preemption_probe_off_gce` (local-engine Ray workers only).
-15. ``Checkpointer`` deletes a superseded temporary checkpoint at ``join(base_path, path)`` where ``path`` already
-    starts with ``base_path``: with a relative base path every temporary checkpoint stays on disk:
-    :func:`levanter_training.checkpointer_base_path`.
-18. ``DistributedConfig.initialize`` gives ``jax.distributed`` a 100 s heartbeat and no way to change it, so a host
-    outlives a dead peer by minutes: :func:`jax_distributed.start` starts it with short, stated timeouts.
-20. The eval harness packs requests into one sequence but does not restart their positions (every request after the
-    first in a pack is scored at shifted positions by a model with absolute position embeddings), splits context and
-    continuation otherwise than lm-eval, and truncates a long request to one token less than lm-eval's ``hf``
-    backend: :func:`lm_eval_scoring.score_as_lm_eval` (entered by :func:`lm_eval_harness.run_eval_harness`).
-22. On more than one process, the eval harness's ``broadcast_shard`` (process 0 sending each message and batch to the
-    other processes) fails under ``jax.set_mesh``, which Levanter's trainer enters: ``jnp`` inputs come out replicated
-    over the whole, not fully addressable, mesh: :func:`lm_eval_harness.broadcasts_across_processes`.
-
-24, 25. Newer jax than pinned, for the benchmarks' GPU image: :mod:`newer_jax`.
-26. Ray's job config reaches the driver through an environment variable named only privately: :mod:`ray_jobs`.
-27. A task that fails to load is not named in Levanter's error (lm-eval pops its name first):
-    :class:`lm_eval_harness.TaskErrorsNamed`.
-
-Other pinned dependencies:
-
-23. Ray 2.60's ``ray start --address`` refuses to add a node while ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, the one
-    setting that keeps every listener on 127.0.0.1, so a local pod cannot have one Ray node per simulated host:
-    ``python -m levanter_mars.compat.ray_local_nodes`` (reproduced in ``tests/test_infra_local_ray.py``, which needs
-    a Ray cluster).
-
-16. ``datasets`` sends a HEAD request to s3.amazonaws.com for every load of a packaged builder unless
-    ``HF_HUB_OFFLINE`` is set: :func:`lm_eval_harness.no_datasets_download_counts`.
-17. wandb 0.31's ``wandb-core`` resolves its API host at shutdown when offline mode comes only from
-    ``wandb.init(mode=...)``: :func:`tracking.wandb_offline_unless_configured` also sets ``WANDB_MODE``.
-19. argparse's ``error`` prints the whole usage (some 240 lines of fields) before the line that matters:
-    :func:`cli.argparse_errors_raise`.
+:data:`DEFECTS` is the index: one row per upstream defect, with the pinned version it was seen in, what goes wrong,
+what works around it, and the test that reproduces it against the installed packages, so that the day upstream fixes
+one, its test fails and the workaround can be deleted (tests/test_compat.py checks every row). Numbers are never
+reused: a fixed defect's row goes, and so does its number. Nothing outside this package patches a dependency or
+reaches for a private name.
 """
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+LEVANTER = "levanter==1.2.dev1644"
+
+
+class Defect(NamedTuple):
+    number: int
+    upstream: str
+    """``package==version`` as pinned (``python==3.11`` for the standard library)."""
+    symptom: str
+    workaround: str
+    """A dotted name under ``levanter_mars`` (``module.attribute``), or a file of the repository."""
+    test: str
+    """The pytest node id (``path::function``) that reproduces the defect."""
+
+
+_COMPAT = "tests/test_compat.py::"
+
+DEFECTS: tuple[Defect, ...] = (
+    Defect(
+        1,
+        LEVANTER,
+        "LambdaCallback.on_step(info, force) drops force: the end-of-training checkpoint is never written",
+        "compat.levanter_training.forward_force_to_checkpointer",
+        _COMPAT + "test_defect_1_lambda_callback_drops_force",
+    ),
+    Defect(
+        2,
+        LEVANTER,
+        "Trainer._train_step's obj_fun unpacks (loss, metrics) from a loss that returns one value, is not "
+        "microbatched, and take_train_step passes loss= along; our copy of _train_step fails on any upstream change "
+        "(COPIED_TRAIN_STEP_SHA256)",
+        "compat.levanter_training.FixedTrainer",
+        _COMPAT + "test_defect_2_obj_fun_unpacks_a_pair_the_loss_does_not_return",
+    ),
+    Defect(
+        3,
+        LEVANTER,
+        "Gpt2Config.hf_checkpoint_converter hard-codes reference_checkpoint='gpt2' and contacts the HF hub",
+        "compat.levanter_models.hf_converter",
+        _COMPAT + "test_defect_3_gpt2_converter_needs_the_hub_and_the_workaround_does_not",
+    ),
+    Defect(
+        5,
+        LEVANTER,
+        "training ends quietly when the data runs out before num_train_steps",
+        "training.trainer.MarsTrainer.train",
+        _COMPAT + "test_defect_5_upstream_train_returns_quietly_when_data_runs_out",
+    ),
+    Defect(
+        6,
+        LEVANTER,
+        "chex and GitPython are imported but not declared",
+        "pyproject.toml",
+        _COMPAT + "test_defect_6_chex_and_gitpython_are_undeclared_but_imported",
+    ),
+    Defect(
+        7,
+        LEVANTER,
+        "the LM loss passes a float where= mask, an error from jax 0.8 (jax==0.7.2 is pinned)",
+        "pyproject.toml",
+        _COMPAT + "test_defect_7_levanter_loss_uses_a_float_where_mask_which_newer_jax_rejects",
+    ),
+    Defect(
+        8,
+        LEVANTER,
+        "Levanter's own mars calls jax.tree_map, removed from jax (we register mars-* names instead)",
+        "compat.levanter_optimizers.jax_tree_map_restored",
+        _COMPAT + "test_defect_8_levanter_mars_calls_removed_jax_tree_map",
+    ),
+    Defect(
+        9,
+        LEVANTER,
+        "the default tracker (wandb, online) fails without an API key",
+        "compat.tracking.wandb_offline_unless_configured",
+        _COMPAT + "test_defect_9_default_tracker_is_online_wandb_and_ours_is_offline",
+    ),
+    Defect(
+        10,
+        LEVANTER,
+        "DataLoaderIterator prefetches on a thread it offers no public way to stop; a process exiting while it reads "
+        "aborts (exit 134)",
+        "compat.levanter_training.stop_data_loader",
+        _COMPAT + "test_defect_10_data_loader_prefetch_thread_has_no_public_stop",
+    ),
+    Defect(
+        11,
+        LEVANTER,
+        "LmEvalHarnessConfig.to_task_dict builds TaskManager() without include_path: a local task YAML cannot be "
+        "evaluated",
+        "compat.lm_eval_harness.lm_eval_task_manager",
+        _COMPAT + "test_defect_11_levanter_cannot_load_a_local_task_yaml",
+    ),
+    Defect(
+        12,
+        LEVANTER,
+        "train_lm.main forces the final hooks twice and the harness hook logs with step=None; our hook reaches "
+        "Levanter's private evaluation",
+        "compat.lm_eval_harness.run_eval_harness",
+        _COMPAT + "test_defect_12_final_hooks_are_forced_twice_and_the_harness_hook_logs_without_a_step",
+    ),
+    Defect(
+        13,
+        LEVANTER,
+        "the eval harness fails on a mesh of more than one device (incompatible devices)",
+        "compat.lm_eval_harness.eval_harness_on_mesh",
+        _COMPAT + "test_defect_13_eval_harness_fails_on_a_multi_device_mesh_and_the_workaround_places_the_batch",
+    ),
+    Defect(
+        14,
+        LEVANTER,
+        "get_current_tpu_is_preempted asks the GCE metadata server without a timeout",
+        "compat.levanter_infra.preemption_probe_off_gce",
+        _COMPAT + "test_defect_14_preemption_probe_needs_the_gce_metadata_server",
+    ),
+    Defect(
+        15,
+        LEVANTER,
+        "Checkpointer deletes a superseded temporary checkpoint at join(base_path, path), path already starting with "
+        "base_path: with a relative base path every temporary checkpoint stays",
+        "compat.levanter_training.checkpointer_base_path",
+        _COMPAT + "test_defect_15_a_relative_base_path_keeps_every_temporary_checkpoint",
+    ),
+    Defect(
+        16,
+        "datasets==4.8.5",
+        "every load of a packaged builder sends a HEAD request to s3.amazonaws.com unless HF_HUB_OFFLINE is set",
+        "compat.lm_eval_harness.no_datasets_download_counts",
+        _COMPAT + "test_defect_16_datasets_reports_each_packaged_builder_load_to_s3",
+    ),
+    Defect(
+        17,
+        "wandb==0.31.0",
+        "wandb-core resolves its API host at shutdown when offline mode comes only from wandb.init(mode=...); needs a"
+        " DNS server to reproduce, so the test checks that WANDB_MODE is set",
+        "compat.tracking.wandb_offline_unless_configured",
+        "tests/test_configs.py::test_an_offline_wandb_tracker_puts_wandb_mode_in_the_environment",
+    ),
+    Defect(
+        18,
+        LEVANTER,
+        "DistributedConfig.initialize gives jax.distributed a 100 s heartbeat and no way to change it",
+        "compat.jax_distributed.start",
+        _COMPAT + "test_defect_18_levanter_starts_jax_distributed_with_the_default_heartbeat",
+    ),
+    Defect(
+        19,
+        "python==3.11",
+        "argparse's error prints the whole usage (240 lines of fields) before the line that matters",
+        "compat.cli.argparse_errors_raise",
+        _COMPAT + "test_defect_19_argparse_prints_its_whole_usage_and_exits_and_the_workaround_raises",
+    ),
+    Defect(
+        20,
+        LEVANTER,
+        "the eval harness packs requests without restarting their positions, splits context and continuation "
+        "otherwise than lm-eval, and truncates one token shorter than lm-eval's hf backend",
+        "compat.lm_eval_scoring.score_as_lm_eval",
+        _COMPAT + "test_defect_20_levanter_scores_a_packed_request_at_the_positions_of_the_pack",
+    ),
+    Defect(
+        22,
+        LEVANTER,
+        "on several processes the harness's broadcast_shard fails under jax.set_mesh (inputs come out replicated over"
+        " a not fully addressable mesh)",
+        "compat.lm_eval_harness.broadcasts_across_processes",
+        _COMPAT + "test_defect_22_eval_broadcasts_fail_across_processes_under_set_mesh"
+        "_and_the_workaround_delivers_them",
+    ),
+    Defect(
+        23,
+        "ray==2.60.0",
+        "ray start --address refuses to add a node while RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, the one setting that "
+        "keeps every listener on 127.0.0.1",
+        "compat.ray_local_nodes",
+        "tests/test_infra_local_ray.py::test_defect_23_ray_start_refuses_to_add_a_node_whose_listeners_stay_on_loopback",
+    ),
+    Defect(
+        24,
+        "haliax==1.4.dev453",
+        "haliax calls jax.core.is_constant_dim, which jax 0.11 removed (benchmarks' GPU image only)",
+        "compat.newer_jax.restore_jax_names_haliax_uses",
+        _COMPAT + "test_defect_24_haliax_calls_a_jax_name_newer_jax_removed_and_the_workaround_restores_it",
+    ),
+    Defect(
+        25,
+        LEVANTER,
+        "Levanter's package __init__ fails to import on jax 0.11, though its model code works (benchmarks' GPU image "
+        "only)",
+        "compat.newer_jax.levanter_importable",
+        _COMPAT + "test_defect_25_levanter_models_load_when_the_levanter_package_cannot_be_imported",
+    ),
+    Defect(
+        26,
+        "ray==2.60.0",
+        "the job config reaches the driver through an environment variable named only privately",
+        "compat.ray_jobs.RAY_JOB_CONFIG_JSON_ENV_VAR",
+        _COMPAT + "test_defect_26_ray_names_the_job_config_variable_only_privately",
+    ),
+    Defect(
+        27,
+        LEVANTER,
+        "a task that fails to load is not named in Levanter's error (lm-eval pops its name first)",
+        "compat.lm_eval_harness.TaskErrorsNamed",
+        _COMPAT + "test_defect_27_a_task_that_fails_to_load_is_not_named_and_the_workaround_names_it",
+    ),
+)

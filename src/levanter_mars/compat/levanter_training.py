@@ -6,6 +6,8 @@ never names a private member of Levanter itself.
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import os
 from typing import Any, Callable, Optional
 
@@ -61,14 +63,36 @@ def last_saved_step(checkpointer: Checkpointer) -> Optional[int]:
     return checkpointer._last_save_step
 
 
+#: sha256 of ``inspect.getsource(levanter.trainer.Trainer._train_step)`` in Levanter 1.2.dev1644, the method that
+#: :meth:`FixedTrainer._train_step` copies. Any upstream change to it (a fix, a new metric) would otherwise be dropped
+#: silently by the copy.
+COPIED_TRAIN_STEP_SHA256 = "e8c545ce3142e6a8b5d4da8cdc1b850f5072ddccd39375781e14d88571f57516"
+
+
+def check_copied_train_step_is_current() -> None:
+    """Raises if Levanter's ``Trainer._train_step`` is no longer the one :meth:`FixedTrainer._train_step` copies."""
+    digest = hashlib.sha256(inspect.getsource(Trainer._train_step).encode()).hexdigest()
+    if digest != COPIED_TRAIN_STEP_SHA256:
+        raise RuntimeError(
+            f"levanter.trainer.Trainer._train_step changed (source sha256 {digest}, copied from "
+            f"{COPIED_TRAIN_STEP_SHA256}): port the change into levanter_mars.compat.levanter_training."
+            "FixedTrainer._train_step, then update COPIED_TRAIN_STEP_SHA256"
+        )
+
+
 class FixedTrainer(Trainer):
     """Levanter's ``Trainer`` with defects 1 and 2 fixed.
 
     Subclasses provide :meth:`objective` (what the optimizer receives as ``obj_fun``) and may extend
     :meth:`after_default_hooks`; the checkpointer found among the default hooks is ``self.checkpointer``.
+    Constructing one fails if upstream's ``_train_step`` is not the version copied here.
     """
 
     checkpointer: Optional[Checkpointer] = None
+
+    def __init__(self, *args, **kwargs):
+        check_copied_train_step_is_current()
+        super().__init__(*args, **kwargs)
 
     def _add_default_hooks(self):
         self.before_default_hooks()
@@ -99,7 +123,8 @@ class FixedTrainer(Trainer):
         raise NotImplementedError
 
     def _train_step(self, state, batch, batch_kwargs, _no_hooks=False) -> TrainStepResult:
-        # Upstream's Trainer._train_step, except for the objective handed to the optimizer (defect 2).
+        # Upstream's Trainer._train_step (COPIED_TRAIN_STEP_SHA256), except for the objective handed to the optimizer
+        # (defect 2).
         key, new_key = jax.random.split(state.training_key)
         model = inference_mode(state.model, False)
 

@@ -171,11 +171,11 @@ def test_levanter_mars_runs_inside_the_benchmark_workaround_only():
     import jax.numpy as jnp
     from levanter.optim.mars import scale_by_mars
 
-    from levanter_mars.bench.optimizers import levanter_mars_workaround
+    from levanter_mars.compat.levanter_optimizers import jax_tree_map_restored
 
     tx = scale_by_mars(max_grad_norm=1.0)
     params = {"w": jnp.full((2, 2), 3.0)}
-    with levanter_mars_workaround():
+    with jax_tree_map_restored():
         updates, _ = tx.update(params, tx.init(params), params)
     assert jnp.all(jnp.isfinite(updates["w"]))
     assert not hasattr(jax, "tree_map")

@@ -122,7 +122,7 @@ def test_when_every_checkpoint_is_bad_the_restart_from_scratch_is_reported(tmp_p
     with caplog.at_level(logging.WARNING, logger="levanter_mars"):
         plan = plan_resume(str(run), {}, verify_checksums=True)
         assert plan.candidates == () and plan.quarantined == 2
-        assert load_first_usable(plan, {}, load=lambda path: pytest.fail(f"loaded {path}")) is None
+        assert load_first_usable(plan, load=lambda path: pytest.fail(f"loaded {path}")) is None
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "No usable checkpoint left" in errors[0] and "2 quarantined" in errors[0], errors
     assert sorted(p.name.split(".")[0] for p in (tmp_path / "run.quarantine").iterdir()) == ["step-10", "step-20"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 import signal
 import subprocess
@@ -13,6 +12,7 @@ from typing import Any, Callable, Optional
 
 import yaml
 
+from levanter_mars.bench.convergence import deep_merge
 from levanter_mars.training.data import pydocs_corpus
 from levanter_mars.training.run.metrics import read_metrics
 
@@ -22,23 +22,13 @@ TINY_CONFIG = REPO / "config" / "gpt2_tiny_mars.yaml"
 REFERENCE_MODES = {"approx": {}, "exact": {"optimizer": {"exact": True}}}
 
 
-def _merge(base: dict, overrides: dict) -> dict:
-    out = copy.deepcopy(base)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def tiny_config(
     workdir: Path, corpus: Path, run_id: str, overrides: Optional[dict] = None, base: Path = TINY_CONFIG
 ) -> Path:
     """Writes the tiny config with every path pointing into ``workdir``/``corpus``; returns its path."""
     config = yaml.safe_load(base.read_text())
-    config = _merge(config, pydocs_corpus.config_section(corpus))
-    config = _merge(
+    config = deep_merge(config, pydocs_corpus.config_section(corpus))
+    config = deep_merge(
         config,
         {
             "trainer": {
@@ -48,7 +38,7 @@ def tiny_config(
             },
         },
     )
-    config = _merge(config, overrides or {})
+    config = deep_merge(config, overrides or {})
     path = workdir / f"{run_id}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import jax.numpy as jnp
 import optax
@@ -38,14 +38,7 @@ class OptimizerCase:
 
     def tracing(self) -> contextlib.AbstractContextManager:
         """Context in which the optimizer must be built and traced."""
-        return levanter_mars_workaround() if self.name == LEVANTER_MARS else contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def levanter_mars_workaround() -> Iterator[None]:
-    """Defect 8 in ``levanter_mars.compat``, for this benchmark only."""
-    with jax_tree_map_restored():
-        yield
+        return jax_tree_map_restored() if self.name == LEVANTER_MARS else contextlib.nullcontext()  # defect 8
 
 
 def _adamw() -> optax.GradientTransformation:

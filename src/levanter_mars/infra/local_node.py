@@ -12,7 +12,6 @@ LOCAL_SLICE = "cpu"
 LOCAL_SLICE_NAME = "local-cpu"
 #: Hosts of the local pod -> (the v4 slice type its nodes pose as, that slice's chip topology).
 LOCAL_SLICE_SHAPES = {1: ("v4-8", "2x2x1"), 2: ("v4-16", "2x2x2"), 4: ("v4-32", "2x2x4"), 8: ("v4-64", "2x4x4")}
-LOCAL_POSES_AS = LOCAL_SLICE_SHAPES[1][0]
 
 
 def node_identity(num_hosts: int = 1, worker_id: int = 0) -> dict[str, str]:

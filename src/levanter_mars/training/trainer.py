@@ -147,7 +147,7 @@ class MarsTrainer(FixedTrainer):
 
         state = None
         if self.config.load_checkpoint is not False and self.resume_plan is not None:
-            state = load_first_usable(self.resume_plan, self.run_info, load)
+            state = load_first_usable(self.resume_plan, load)
         if state is None:
             self._resume_from = None
             if self.config.load_checkpoint is True:

@@ -108,6 +108,7 @@ def _is_candidate(fs: fsspec.AbstractFileSystem, directory: str) -> bool:
 
 def audit_run(run_checkpoint_dir: str, *, verify_checksums: bool = True) -> list[CheckpointStatus]:
     """Every checkpoint of a run, usable ones newest (highest step) first, then the unusable ones."""
-    statuses = [audit_checkpoint(p, verify_checksums=verify_checksums) for p in candidate_checkpoints(run_checkpoint_dir)]
+    candidates = candidate_checkpoints(run_checkpoint_dir)
+    statuses = [audit_checkpoint(p, verify_checksums=verify_checksums) for p in candidates]
     usable = sorted((s for s in statuses if s.usable), key=lambda s: s.step or -1, reverse=True)
     return usable + [s for s in statuses if not s.usable]

@@ -52,7 +52,7 @@ def plan_resume(checkpoint_dir: str, run_info: dict, *, verify_checksums: bool) 
     return ResumePlan(checkpoint_dir, tuple(decided["candidates"]), decided["quarantined"])
 
 
-def load_first_usable(plan: ResumePlan, run_info: dict, load: Callable[[str], object]) -> Optional[object]:
+def load_first_usable(plan: ResumePlan, load: Callable[[str], object]) -> Optional[object]:
     """The state of the newest candidate that every host loads and that is finite, or None.
 
     ``load(path)`` loads on this host. A candidate that fails anywhere is quarantined by process 0 once all hosts

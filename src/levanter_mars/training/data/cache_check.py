@@ -106,7 +106,7 @@ def check_caches(data) -> CacheCheck:
         if recorded is None:
             check.unrecorded.append(split_dir)
             continue
-        found = differences(name, split, recorded, record_for(data, name, component, split, with_checksum=False))
+        found = differences(name, split, recorded, record_for(data, component, split, with_checksum=False))
         if found and all(d.missing_file for d in found):
             check.warnings.append(
                 f"{', '.join(d.field for d in found)}: missing; the cache {split_dir} was built from it and nothing "
@@ -172,7 +172,7 @@ def prepare(check: CacheCheck, data, *, rebuild: bool) -> dict[str, str]:
     to_record = {*check.new, *moved}
     for name, component, split, split_dir in _cache_splits(data):
         if split_dir in to_record and _has_source(component, split):
-            write_record(split_dir, record_for(data, name, component, split))
+            write_record(split_dir, record_for(data, component, split))
     return moved
 
 

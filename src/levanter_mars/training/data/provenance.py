@@ -108,8 +108,8 @@ def preprocessing_record(component_format, tokenizer, enforce_eos: bool) -> dict
     return {"format": fmt, "enforce_eos": enforce_eos, **metadata}
 
 
-def record_for(data, field: str, component, split: str, *, with_checksum: bool = True) -> dict:
-    """The provenance record of ``split`` of the source at ``field`` (``data`` or ``data.configs.<name>``)."""
+def record_for(data, component, split: str, *, with_checksum: bool = True) -> dict:
+    """The provenance record of ``split`` of ``component``, one source of ``data`` (itself, or one of its configs)."""
     tokenizer = data.the_tokenizer
     record: dict[str, Any] = {"version": RECORD_VERSION, "split": split}
     if hasattr(component, "train_urls"):

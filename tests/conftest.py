@@ -52,6 +52,35 @@ def _guarded_connect_ex(self, address):
     return _real_connect_ex(self, address)
 
 
+#: Each fixture's own time limit: a session fixture that starts runs (tests/conftest.py: reference_runs) is no longer
+#: charged to whichever test happens to request it first.
+FIXTURE_TIMEOUT_S = 1200
+
+
+#: Fixtures that build the embedded corpus, start training runs or a storage emulator: a test that uses one (even
+#: through another fixture) is ``slow``, so that ``make test-fast`` (``-m "not slow"``) starts none of them.
+SLOW_FIXTURES = frozenset({"pydocs_corpus", "reference_runs", "pod_reference", "gcs"})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        # pytest-timeout's limit (pyproject.toml: timeout) then times the test function alone, not its fixtures' setup.
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(func_only=True))
+        # Simulated 8-device runs live in subprocesses that import and compile everything again.
+        uses_slow_fixture = SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if (uses_slow_fixture or item.get_closest_marker("multidevice")) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    from tests.helpers.deadline import time_limit
+
+    with time_limit(FIXTURE_TIMEOUT_S, f"fixture {fixturedef.argname!r}"):
+        yield
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _no_network():
     socket.socket.connect = _guarded_connect

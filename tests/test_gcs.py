@@ -10,7 +10,6 @@ local disk (tests/conftest.py: reference_runs).
 
 import json
 import posixpath
-import random
 
 import fsspec
 import gcsfs
@@ -27,6 +26,7 @@ from levanter_mars.training.config import parse_config
 from levanter_mars.training.data.provenance import read_record
 from tests.helpers.evals import LOCAL_TASKS, OFFLINE_SUITE, item_loglikelihoods, run_eval_cli
 from tests.helpers.pod import run_pod, start_pod
+from tests.helpers.seeds import seeded_random
 from tests.helpers import training as cli
 
 
@@ -191,13 +191,13 @@ def gs_run(workdir, pydocs_corpus, gcs, reference_runs):
     config = cli.tiny_config(workdir, pydocs_corpus, run_id, overrides)
     paths = cli.run_paths(workdir, run_id)
     paths["checkpoints"] = gcs.gs("checkpoints", run_id)
-    kill_at = random.randint(11, 28)
+    kill_at = seeded_random(run_id).randint(11, 24)  # 5 steps before the end: room for a 0.5 s poll
     # Once step-10 is committed (the emulator may still be writing it at step 14): the rerun must resume, not restart.
     fs = gcsfs.GCSFileSystem(endpoint_url=gcs.url, token="anon", skip_instance_cache=True)
     committed = f"{_plain(paths['checkpoints'])}/step-10/{MANIFEST_NAME}"
     killed = cli.start_cli(config, log_path=workdir / f"{run_id}.log", env=gcs.env)
     reached = lambda: cli.last_step(paths["metrics"]) >= kill_at and fs.exists(committed)  # noqa: E731
-    assert cli.kill_when(killed, reached, poll=0.2), f"ended before step {kill_at}"
+    assert cli.kill_when(killed, reached), f"ended before step {kill_at}"
     rerun = cli.run_cli(config, env=gcs.env)
     assert rerun.returncode == 0, f"killed at step {kill_at}\n" + cli.describe_failure(rerun)
     return config, paths, kill_at, rerun
@@ -283,11 +283,12 @@ def test_pod_sharing_the_bucket_resumes_after_a_killed_host_like_the_uninterrupt
     paths = cli.run_paths(workdir, run_id)
     fs = gcsfs.GCSFileSystem(endpoint_url=gcs.url, token="anon", skip_instance_cache=True)
     committed = f"{gcs.bucket}/pod/{run_id}/step-10/{MANIFEST_NAME}"
-    victim, kill_at = random.randrange(2), random.randint(11, 28)
+    rng = seeded_random(run_id)
+    victim, kill_at = rng.randrange(2), rng.randint(11, 24)  # 5 steps before the end: room for a 0.5 s poll
     pod = start_pod(config, log_dir=workdir / "logs", name=run_id, env=gcs.env)
     try:
         reached = lambda: cli.last_step(paths["metrics"]) >= kill_at and fs.exists(committed)  # noqa: E731
-        assert cli.kill_when(pod.procs[victim], reached, poll=0.2), pod.describe()
+        assert cli.kill_when(pod.procs[victim], reached), pod.describe()
     finally:
         pod.kill()  # the survivor would end itself (tests/test_multihost.py); a pod restart does not wait for it
     rerun = run_pod(config, log_dir=workdir / "logs", name=f"{run_id}-rerun", env=gcs.env)

@@ -79,10 +79,11 @@ def test_rendezvous_gives_every_host_of_an_attempt_one_free_port_and_forgets_dea
     async def attempts():
         meeting = rendezvous.Rendezvous(num_hosts=2)
         # Host 1 of a cancelled attempt asked, then died; host 0 of the next attempt must not pair with it.
+        # Tasks start in the order they were created (asyncio runs ready callbacks first in, first out): the stale
+        # one asks first. No sleep decides the order; the timeout only bounds a broken rendezvous.
         stale = asyncio.ensure_future(meeting.coordinator_port(1, never_a_pid))
-        await asyncio.sleep(0)
         first = asyncio.ensure_future(meeting.coordinator_port(0, os.getpid()))
-        await asyncio.sleep(0.01)
+        await asyncio.wait([stale], timeout=60)
         assert stale.cancelled() and not first.done()
         second = await meeting.coordinator_port(1, os.getpid())
         return await first, second

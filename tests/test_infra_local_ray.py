@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from levanter_mars.infra.local_cluster import LocalRayCluster
+from levanter_mars.training.distributed import HEARTBEAT_TIMEOUT_S
 from tests.helpers.ray_launch import (
     files_containing,
     launched,
@@ -126,7 +127,7 @@ def test_local_pod_of_two_hosts_survives_a_killed_process_and_resumes_bitwise(wo
         survivor, victim = first
         victim.kill()
         killed_at = time.monotonic()
-        wait_for(lambda: not survivor.is_running(), timeout=60, poll=0.2, what="host 0 to end after host 1 died")
+        wait_for(lambda: not survivor.is_running(), timeout=3 * HEARTBEAT_TIMEOUT_S, what="host 0 to end after host 1 died")
         survivor_s = time.monotonic() - killed_at
         old = {p.pid for p in first}
         second = wait_for(

@@ -6,13 +6,12 @@ import pytest
 
 from levanter_mars.training.checkpointing.storage import MANIFEST_NAME
 from levanter_mars.training.run.metrics import read_metrics
+from tests.helpers.faults import prelude
 from tests.helpers.training import (
     describe_failure,
-    kill_when,
     rerun_matches_reference,
     run_cli,
     run_paths,
-    start_cli,
     tiny_config,
 )
 
@@ -49,6 +48,6 @@ def test_trains_and_evaluates(reference_run):
 def test_resumes_bitwise_after_kill_9(workdir, pydocs_corpus, reference_run):
     config = tiny_config(workdir, pydocs_corpus, "kill-mars-m", MARS_M)
     paths = run_paths(workdir, "kill-mars-m")
-    proc = start_cli(config, log_path=workdir / "kill-mars-m.log")
-    assert kill_when(proc, lambda: (paths["checkpoints"] / "step-20" / MANIFEST_NAME).exists(), poll=0.005)
+    killed = run_cli(config, prelude=prelude("install_kill_after_manifest", step=20))
+    assert killed.returncode == -9, describe_failure(killed)
     rerun_matches_reference(config, paths, reference_run, mode="mars-m", resumed_from=20)

@@ -68,11 +68,9 @@ def test_kill_between_metadata_and_manifest(workdir, pydocs_corpus, reference_ru
 
 
 def test_kill_right_after_a_checkpoint(workdir, pydocs_corpus, reference_runs):
-    run_id = "kill-after-checkpoint"
-    config = tiny_config(workdir, pydocs_corpus, run_id)
-    paths = run_paths(workdir, run_id)
-    proc = start_cli(config, log_path=workdir / f"{run_id}.log")
-    assert kill_when(proc, lambda: (paths["checkpoints"] / "step-20" / MANIFEST_NAME).exists(), poll=0.005)
+    config, paths, _ = _run_with_fault(workdir, pydocs_corpus, "kill-after-checkpoint", "install_kill_after_manifest", -9,
+                                       step=20)
+    assert (paths["checkpoints"] / "step-20" / MANIFEST_NAME).exists()
     rerun_matches_reference(config, paths, reference_runs, resumed_from=20)
 
 

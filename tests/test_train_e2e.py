@@ -1,12 +1,12 @@
 """End-to-end training through the CLI on the tiny config: metrics, checkpoints, exact mode, bitwise resume."""
 
 import json
-import random
 
 import pytest
 
 from levanter_mars.training.checkpointing.storage import MANIFEST_NAME
 from levanter_mars.training.run.metrics import read_metrics
+from tests.helpers.seeds import seeded_random
 from tests.helpers.training import (
     REFERENCE_MODES,
     describe_failure,
@@ -72,7 +72,7 @@ def test_kill_9_then_rerun_is_bitwise_identical(workdir, pydocs_corpus, finished
     paths = run_paths(workdir, run_id)
     proc = start_cli(config, log_path=workdir / f"{run_id}.log")
     # At a random point mid-run (seeded, different per mode); the resumed run redoes the lost steps exactly.
-    kill_after = random.Random(f"kill-{mode}").randint(11, 26)
+    kill_after = seeded_random(run_id).randint(11, 24)
     assert kill_when(proc, lambda: last_step(paths["metrics"]) >= kill_after), (
         workdir / f"{run_id}.log"
     ).read_text()[-3000:]

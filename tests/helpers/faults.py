@@ -21,19 +21,31 @@ def _is_step_dir(path: str, step: int) -> bool:
     return str(path).rstrip("/").endswith(f"step-{step}")
 
 
-def install_kill_before_manifest(step: int) -> None:
-    """SIGKILL after ``metadata.json`` of ``step-<step>`` is written but before its manifest is."""
+def _kill_at_manifest(target: int, *, after: bool) -> None:
     from levanter_mars.training.checkpointing import manifest
 
     original = manifest.write_manifest
 
     def write_manifest(checkpoint_path, *, step: int, run_info=None):
-        if step == target:
+        if step == target and not after:
             os.kill(os.getpid(), signal.SIGKILL)
-        return original(checkpoint_path, step=step, run_info=run_info)
+        written = original(checkpoint_path, step=step, run_info=run_info)
+        if step == target and after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return written
 
-    target = step
     manifest.write_manifest = write_manifest
+
+
+def install_kill_before_manifest(step: int) -> None:
+    """SIGKILL after ``metadata.json`` of ``step-<step>`` is written but before its manifest is."""
+    _kill_at_manifest(step, after=False)
+
+
+def install_kill_after_manifest(step: int) -> None:
+    """SIGKILL as soon as checkpoint ``step-<step>`` is complete (its manifest written): no test has to catch the
+    moment by polling."""
+    _kill_at_manifest(step, after=True)
 
 
 class _PartialWriter:

@@ -16,7 +16,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.helpers.training import REPO
+from tests.helpers.training import POLL_S, REPO
 
 TRAIN_MODULE = "levanter_mars.main.train_lm"
 
@@ -112,7 +112,7 @@ def process_id(cmdline: list[str]) -> int:
     return int(cmdline[cmdline.index(flag) + 1]) if flag in cmdline else 0
 
 
-def wait_for(condition: Callable[[], object], timeout: float = 300, poll: float = 0.05, what: str = "condition"):
+def wait_for(condition: Callable[[], object], timeout: float = 300, poll: float = POLL_S, what: str = "condition"):
     deadline = time.time() + timeout
     while time.time() < deadline:
         value = condition()

@@ -18,6 +18,9 @@ from levanter_mars.training.run.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_CONFIG = REPO / "config" / "gpt2_tiny_mars.yaml"
+#: How often a test looks at a running process (its metrics, its files). Faster polling steals CPU from the
+#: trainers it watches (several can share 2 cores) and makes a test depend on catching a short window.
+POLL_S = 0.5
 #: The modes the session-wide reference runs cover (tests/conftest.py: reference_runs).
 REFERENCE_MODES = {"approx": {}, "exact": {"optimizer": {"exact": True}}}
 
@@ -84,7 +87,7 @@ def start_cli(
     return subprocess.Popen(command, cwd=REPO, env=_env(env), stdout=log, stderr=subprocess.STDOUT)
 
 
-def kill_when(proc: subprocess.Popen, condition: Callable[[], bool], timeout: float = 300, poll: float = 0.05) -> bool:
+def kill_when(proc: subprocess.Popen, condition: Callable[[], bool], timeout: float = 300, poll: float = POLL_S) -> bool:
     """SIGKILLs ``proc`` as soon as ``condition()`` holds. Returns False if the process ended first."""
     deadline = time.time() + timeout
     while time.time() < deadline:

@@ -29,7 +29,8 @@ test: setup
 test-all: setup
 	$(PY) -m pytest $(ARGS)
 
-## Set up, then run the tests that are not marked slow.
+## Set up, then run the tests that are not marked slow: no training run, corpus build, storage emulator or
+## simulated-device subprocess (tests/conftest.py marks those). The suite to run while editing.
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(ARGS)
 

@@ -61,3 +61,91 @@ def test_every_ratio_in_readme_benchmarks_section_cites_its_json():
     section = readme.split("## Benchmarks", 1)[1].split("\n## ", 1)[0]
     uncited = [m.group(0) for m in RATIO.finditer(FIGURE.sub("", section))]
     assert not uncited, f"README's benchmark figures without <!-- bench: ... -->: {uncited}"
+
+
+# A table of benchmark rows: ``<!-- bench-table: FILE PATH -->`` before it, PATH the rows: a list named by their
+# "optimizer" field (update and step benchmarks) or a mapping from optimizer name (convergence benchmark).
+TABLE = re.compile(r"<!-- bench-table: (\S+) (\S+) -->")
+FIELDS = {
+    "ms (wall)": "median_ms",
+    "× AdamW (wall)": "ratio_to_adamw",
+    "CPU ms": "median_cpu_ms",
+    "× AdamW (CPU)": "cpu_ratio_to_adamw",
+    "× approx (CPU)": "cpu_ratio_to_approx",
+    "state B/param": "state_bytes_per_param",
+    "peak MiB": "peak_mib",
+    "temp MiB": "temp_mib",
+    "HLO passes": "hlo_passes",
+    "copy MiB": "copy_mib",
+    "best lr": "best_learning_rate",
+    "best final val loss (mean of 2 seeds)": "best_final_val_loss",
+    "steps to AdamW's final": "steps_to_target",
+    "ratio to AdamW": "steps_ratio",
+}
+
+
+def _at_best_lr(row):
+    (best,) = [p for p in row["per_learning_rate"] if p["learning_rate"] == row["best_learning_rate"]]
+    return best
+
+
+#: Convergence columns that are not one field: ``(row, all rows) -> value or list of values``.
+DERIVED = {
+    "lr grid": lambda row, rows: [p["learning_rate"] for p in row["per_learning_rate"]],
+    "per seed": lambda row, rows: _at_best_lr(row)["final_val_losses"],
+    "ratio to Muon": lambda row, rows: row["steps_to_target"] and (
+        row["steps_to_target"] / rows["muon"]["steps_to_target"]
+    ),
+    "val loss, lr 1": lambda row, rows: row["per_learning_rate"][0]["mean_final_val_loss"],
+    "lr 2": lambda row, rows: row["per_learning_rate"][1]["mean_final_val_loss"],
+    "lr 3": lambda row, rows: row["per_learning_rate"][2]["mean_final_val_loss"],
+}
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip().strip("*") for cell in line.strip().strip("|").split("|")]
+
+
+def _tables():
+    for document in DOCUMENTS:
+        lines = document.read_text().splitlines()
+        for number, line in enumerate(lines):
+            for match in TABLE.finditer(line):
+                start = next(i for i in range(number + 1, len(lines)) if lines[i].startswith("|"))
+                end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+                table = lines[start:end]
+                yield pytest.param(match, _cells(table[0]), [_cells(row) for row in table[2:]],
+                                   id=f"{document.name}:{number + 1}")
+
+
+def _mismatch(shown: str, value) -> bool:
+    shown = re.sub(r"\s*\((edge|seed 0)\)$", "", shown)
+    if shown == "–":
+        return value is not None
+    if isinstance(value, list):
+        parts = [p.strip() for p in shown.split(",")]
+        return len(parts) != len(value) or any(_mismatch(p, v) for p, v in zip(parts, value))
+    decimals = len(shown.partition(".")[2])
+    return value is None or abs(float(value) - float(shown)) > 0.5 * 10**-decimals + 1e-9
+
+
+@pytest.mark.parametrize("match,header,rows", list(_tables()))
+def test_every_cell_of_a_benchmark_table_is_its_json_value(match, header, rows):
+    file, path = match.groups()
+    json_rows = _lookup(json.loads((BENCHMARKS / file).read_text()), path)
+    if isinstance(json_rows, list):
+        json_rows = {r["optimizer"]: r for r in json_rows}
+    assert header[0] == "optimizer" and set(header[1:]) <= set(FIELDS) | set(DERIVED), header
+    assert rows, "empty table"
+    wrong = []
+    for cells in rows:
+        row = json_rows[cells[0].split(" ")[0]]
+        for column, shown in zip(header[1:], cells[1:]):
+            value = row[FIELDS[column]] if column in FIELDS else DERIVED[column](row, json_rows)
+            if _mismatch(shown, value):
+                wrong.append(f"{cells[0]} {column}: shows {shown}, JSON has {value}")
+    assert not wrong, wrong
+
+
+def test_the_benchmark_tables_are_checked():
+    assert len(list(_tables())) >= 9

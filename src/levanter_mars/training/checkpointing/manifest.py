@@ -83,7 +83,8 @@ def check_manifest_layout(manifest: Any) -> None:
     if not isinstance(files, dict) or not files:
         raise ValueError("'files' is not a non-empty mapping")
     for rel, entry in files.items():
-        if not (isinstance(entry, dict) and isinstance(entry.get("size"), int) and isinstance(entry.get("crc32c"), str)):
+        well_formed = isinstance(entry, dict) and isinstance(entry.get("size"), int)
+        if not (well_formed and isinstance(entry.get("crc32c"), str)):
             raise ValueError(f"entry for {rel!r} is not {{size: int, crc32c: str}}")
     if not isinstance(manifest.get("run_info") or {}, dict):
         raise ValueError("'run_info' is not a mapping")

@@ -127,7 +127,8 @@ def test_local_pod_of_two_hosts_survives_a_killed_process_and_resumes_bitwise(wo
         survivor, victim = first
         victim.kill()
         killed_at = time.monotonic()
-        wait_for(lambda: not survivor.is_running(), timeout=3 * HEARTBEAT_TIMEOUT_S, what="host 0 to end after host 1 died")
+        deadline_s = 3 * HEARTBEAT_TIMEOUT_S  # 3x the heartbeat timeout the survivor is designed to end by
+        wait_for(lambda: not survivor.is_running(), timeout=deadline_s, what="host 0 to end after host 1 died")
         survivor_s = time.monotonic() - killed_at
         old = {p.pid for p in first}
         second = wait_for(

@@ -19,7 +19,7 @@ import optax
 
 from levanter_mars.training.checkpointing.integrity import CheckpointError, check_writable
 from levanter_mars.training.config import ConfigError, TrainLmConfig
-from levanter_mars.training.data.sources import missing_data_paths
+from levanter_mars.training.data.sources import empty_data_paths, missing_data_paths
 from levanter_mars.training import distributed
 from levanter_mars.training.nonfinite import NONFINITE_POLICIES
 
@@ -191,7 +191,7 @@ def check_placeholders(config: TrainLmConfig) -> None:
 
 
 def check_data(data) -> None:
-    problems = missing_data_paths(data)
+    problems = missing_data_paths(data) or empty_data_paths(data)
     if problems:
         raise ConfigError("; ".join(problems))
     tokenizer = getattr(data, "tokenizer", None)

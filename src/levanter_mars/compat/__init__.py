@@ -50,6 +50,10 @@ Levanter 1.2.dev1644:
 26. Ray's job config reaches the driver through an environment variable named only privately: :mod:`ray_jobs`.
 27. A task that fails to load is not named in Levanter's error (lm-eval pops its name first):
     :class:`lm_eval_harness.TaskErrorsNamed`.
+28. ``TrainerConfig.initialize`` passes ``f"{id}.log"`` to ``init_logging``, which appends ``.log`` again: the log
+    is ``<run id>.log.log``: :func:`levanter_logging.log_file_named_by_run_id`.
+29. ``WandbConfig.init`` hard-codes ``mode="offline"`` on every process but 0, so each host of a pod writes a whole
+    W&B run: :func:`tracking.only_process_zero_tracks`.
 
 Other pinned dependencies:
 

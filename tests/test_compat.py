@@ -614,3 +614,14 @@ def test_defect_29_workaround_leaves_wandb_to_process_zero(monkeypatch):
     import draccus
 
     assert draccus.encode(single)["tracker"] == {"type": "wandb_on_process_zero_only"}  # configs get encoded
+
+
+def test_defect_30_levanter_logs_the_traceback_of_a_task_that_fails_to_load(caplog):
+    """The reason for levanter_mars.compat.lm_eval_harness.task_load_failures_unlogged (the workaround is shown
+    by tests/test_eval_suites.py::test_an_unknown_task_is_one_line_naming_it_and_its_near_names): Levanter logs the whole traceback, then raises the same failure."""
+    from levanter.eval_harness import LmEvalHarnessConfig
+
+    with pytest.raises(ValueError, match="Failed to load task no_such_task"):
+        LmEvalHarnessConfig(task_spec=["no_such_task"]).to_task_dict()
+    logged = [r for r in caplog.records if r.name == "levanter.eval_harness" and r.exc_info]
+    assert logged and logged[0].getMessage() == "Failed to load task no_such_task"

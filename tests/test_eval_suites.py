@@ -215,3 +215,19 @@ def test_standalone_results_of_another_runs_checkpoint_go_to_that_run(tmp_path, 
     assert default_output_dir(suite, train, other, "s") == "logs/other/eval/s/step-9"
     explicit = dataclasses.replace(suite, output_dir="out")
     assert default_output_dir(explicit, train, other, "s") == "out"
+
+
+def test_an_unknown_task_is_one_line_naming_it_and_its_near_names(reuse_builtin_index, capfd):
+    """It was 63 lines and 3 tracebacks ending `ValueError: Failed to load task no_such_task`."""
+    from levanter_mars.main.eval_harness import cli
+
+    argv = ["--config_path", str(OFFLINE_SUITE), "--download_only", "true", "--task_spec"]
+    assert cli([*argv, '["hellaswg"]']) == 2
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Failed to load task" not in err, err
+    (line,) = [line for line in err.splitlines() if line.strip()]
+    assert line.startswith("config error: task_spec: unknown task 'hellaswg': not among lm-eval's "), line
+    assert "did you mean 'hellaswag'" in line, line
+    assert cli([*argv, '["no_such_task"]']) == 2
+    assert "unknown task 'no_such_task'" in capfd.readouterr().err
+

@@ -54,6 +54,8 @@ Levanter 1.2.dev1644:
     is ``<run id>.log.log``: :func:`levanter_logging.log_file_named_by_run_id`.
 29. ``WandbConfig.init`` hard-codes ``mode="offline"`` on every process but 0, so each host of a pod writes a whole
     W&B run: :func:`tracking.only_process_zero_tracks`.
+30. The eval harness logs the whole traceback of a task that fails to load, then raises it anyway:
+    :func:`lm_eval_harness.task_load_failures_unlogged` (the error is reported once, in one line).
 
 Other pinned dependencies:
 

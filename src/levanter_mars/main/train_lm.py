@@ -16,6 +16,7 @@ import levanter
 from levanter_mars.compat.levanter_logging import log_file_named_by_run_id
 from levanter_mars.compat.tracking import only_process_zero_tracks, wandb_offline_unless_configured
 from levanter_mars.eval import in_training
+from levanter_mars.eval.suite import EvalDatasetError, TaskSpecError
 from levanter_mars.eval.train_config import TrainAndEvalConfig, parse_train_config
 from levanter_mars.training import distributed, validation
 from levanter_mars.training.data import cache_check
@@ -80,7 +81,10 @@ def _eval_hooks(config: TrainAndEvalConfig):
 
 
 #: Exit codes: 2 for a bad config (nothing ran), 1 for a run that stopped with a reason it reports.
-_EXIT_CODES = ((ConfigError, 2), (CheckpointError, 1), (NonFiniteTrainingError, 1), (DataExhaustedError, 1))
+_EXIT_CODES = (
+    (ConfigError, 2), (TaskSpecError, 2),
+    (CheckpointError, 1), (NonFiniteTrainingError, 1), (DataExhaustedError, 1), (EvalDatasetError, 1),
+)  # fmt: skip
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:

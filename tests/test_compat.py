@@ -625,3 +625,38 @@ def test_defect_30_levanter_logs_the_traceback_of_a_task_that_fails_to_load(capl
         LmEvalHarnessConfig(task_spec=["no_such_task"]).to_task_dict()
     logged = [r for r in caplog.records if r.name == "levanter.eval_harness" and r.exc_info]
     assert logged and logged[0].getMessage() == "Failed to load task no_such_task"
+
+
+def test_defect_31_levanters_gpt2_hf_config_omits_resid_pdrop_and_the_mlp_width():
+    from levanter.models.gpt2 import Gpt2Config
+
+    hf = Gpt2Config(hidden_dim=32, num_heads=2, num_layers=1, resid_pdrop=0.0, mlp_scale=2).to_hf_config(100)
+    assert hf.resid_pdrop == 0.1, "transformers' default, not the trained 0.0"
+    assert hf.n_inner is None  # read as 4 x n_embd = 128, not the trained 2 x 32
+
+
+def test_defect_31_workaround_the_export_config_json_holds_what_was_trained(tmp_path):
+    """Every field of an export's config.json that describes the model, read back by transformers, against the
+    trained Levanter config (non-default values wherever the field allows)."""
+    import transformers
+    from levanter.models.gpt2 import Gpt2Config, Gpt2LMHeadModel
+
+    tokenizer = _word_level_tokenizer()
+    trained = Gpt2Config(
+        seq_len=64, hidden_dim=32, num_heads=2, num_layers=3, mlp_scale=2, initializer_range=0.03,
+        embed_pdrop=0.0, resid_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-6,
+        scale_attn_by_inverse_layer_idx=True, upcast_attn=True,
+    )  # fmt: skip
+    Vocab = hax.Axis("vocab", len(tokenizer))
+    model = Gpt2LMHeadModel.init(Vocab, trained, key=jax.random.PRNGKey(0))
+    converter = levanter_models.hf_converter(trained, tokenizer)
+    with jax.set_mesh(jax.sharding.Mesh(jax.devices()[:1], ("data",))):  # as the trainer's export hook runs
+        converter.save_pretrained(model, str(tmp_path), save_reference_code=False)
+    exported = transformers.GPT2Config.from_pretrained(str(tmp_path))
+    expected = {
+        "vocab_size": len(tokenizer), "n_positions": 64, "n_embd": 32, "n_head": 2, "n_layer": 3, "n_inner": 64,
+        "initializer_range": 0.03, "embd_pdrop": 0.0, "resid_pdrop": 0.0, "attn_pdrop": 0.0,
+        "layer_norm_epsilon": 1e-6, "activation_function": "gelu_new", "scale_attn_by_inverse_layer_idx": True,
+        "reorder_and_upcast_attn": True, "architectures": ["GPT2LMHeadModel"],
+    }  # fmt: skip
+    assert {k: getattr(exported, k) for k in expected} == expected

@@ -56,6 +56,8 @@ Levanter 1.2.dev1644:
     W&B run: :func:`tracking.only_process_zero_tracks`.
 30. The eval harness logs the whole traceback of a task that fails to load, then raises it anyway:
     :func:`lm_eval_harness.task_load_failures_unlogged` (the error is reported once, in one line).
+31. ``Gpt2Config.to_hf_config`` omits ``resid_pdrop`` and the MLP width, so an HF export's ``config.json`` says
+    transformers' defaults (dropout 0.1): :func:`levanter_models.gpt2_hf_fields_levanter_omits`.
 
 Other pinned dependencies:
 

@@ -4,6 +4,7 @@ the local pod, is in tests/test_infra_local_ray.py."""
 
 import os
 import signal
+import sys
 import textwrap
 from pathlib import Path
 
@@ -125,3 +126,29 @@ def test_sigterm_stops_the_private_cluster_and_the_launcher_exits_143(tmp_path, 
 
     monkeypatch.setattr(local_cluster.LocalRayCluster, "start", staticmethod(start_then_ctrl_c))
     assert launch.run_on_private_cluster(None, None, 1, "test", str(tmp_path / "ray")) == 130
+
+
+def test_the_private_clusters_client_server_proxy_is_one_of_its_processes(tmp_path):
+    """`ray start --head` leaves `python -m ray.util.client.server --address=<GCS> --mode=proxy` behind, orphaned:
+    its command line names neither the cluster's temp dir nor a /ray/ path. It outlived every private-cluster
+    launch by 50-60 s. Recognised by the cluster's own GCS address, and nobody else's proxy."""
+    import subprocess
+
+    from levanter_mars.infra.local_cluster import LocalRayCluster
+
+    cluster = LocalRayCluster(temp_dir=str(tmp_path / "lm-ray-x"), gcs_port=40001)
+
+    def proxy(gcs_port: int) -> subprocess.Popen:
+        code = "import time; time.sleep(60)"
+        return subprocess.Popen([sys.executable, "-c", code, "ray.util.client.server", f"--address=127.0.0.1:{gcs_port}",
+                                 "--host=127.0.0.1", "--port=10001", "--mode=proxy"])  # fmt: skip
+
+    own, other = proxy(40001), proxy(40002)
+    try:
+        assert own.pid in cluster._find_pids() and other.pid not in cluster._find_pids()
+        cluster.stop(grace=5)
+        assert own.wait(timeout=10) is not None and other.poll() is None
+    finally:
+        for p in (own, other):
+            p.kill()
+            p.wait()

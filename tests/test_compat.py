@@ -618,7 +618,8 @@ def test_defect_29_workaround_leaves_wandb_to_process_zero(monkeypatch):
 
 def test_defect_30_levanter_logs_the_traceback_of_a_task_that_fails_to_load(caplog):
     """The reason for levanter_mars.compat.lm_eval_harness.task_load_failures_unlogged (the workaround is shown
-    by tests/test_eval_suites.py::test_an_unknown_task_is_one_line_naming_it_and_its_near_names): Levanter logs the whole traceback, then raises the same failure."""
+    by tests/test_eval_suites.py::test_an_unknown_task_is_one_line_naming_it_and_its_near_names): Levanter logs the
+    whole traceback, then raises the same failure."""
     from levanter.eval_harness import LmEvalHarnessConfig
 
     with pytest.raises(ValueError, match="Failed to load task no_such_task"):

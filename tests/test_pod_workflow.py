@@ -140,8 +140,8 @@ def test_the_private_clusters_client_server_proxy_is_one_of_its_processes(tmp_pa
 
     def proxy(gcs_port: int) -> subprocess.Popen:
         code = "import time; time.sleep(60)"
-        return subprocess.Popen([sys.executable, "-c", code, "ray.util.client.server", f"--address=127.0.0.1:{gcs_port}",
-                                 "--host=127.0.0.1", "--port=10001", "--mode=proxy"])  # fmt: skip
+        args = ["ray.util.client.server", f"--address=127.0.0.1:{gcs_port}", "--port=10001", "--mode=proxy"]
+        return subprocess.Popen([sys.executable, "-c", code, *args])
 
     own, other = proxy(40001), proxy(40002)
     try:

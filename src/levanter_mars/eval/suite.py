@@ -154,7 +154,8 @@ def _unknown_task_error(error: ValueError, directories: list[str]) -> Optional[T
         return None
     known = lm_eval.tasks.TaskManager().all_tasks
     near = difflib.get_close_matches(task, known, n=3, cutoff=0.8)
-    where = f"lm-eval's {len(known)} tasks and groups" + (f" and the task YAMLs in {directories}" if directories else "")
+    where = f"lm-eval's {len(known)} tasks and groups"
+    where += f" and the task YAMLs in {directories}" if directories else ""
     hint = f"; did you mean {' or '.join(map(repr, near))}?" if near else ""
     return TaskSpecError(f"task_spec: unknown task {task!r}: not among {where}{hint}")
 

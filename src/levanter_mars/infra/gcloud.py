@@ -8,8 +8,9 @@ It creates the queued resource, waits for it, pulls the image on every host, and
 container on every host over ``gcloud ... ssh``. A non-zero exit while the slice is still ACTIVE is a failure
 (rerun on the same slice); a slice that left ACTIVE was preempted (deleted and created again). Both resume from
 the newest checkpoint under the same run id. A config error (exit 2 on a host) ends the launch at once, and every
-attempt carries the launch's id, so that ``fresh=true`` is applied once per launch. Credentials go to each container through ssh's stdin
-(``docker run --env-file /dev/stdin``): never on a command line, which gcloud would write to its logs.
+attempt carries the launch's id, so that ``fresh=true`` is applied once per launch. Credentials go to each container
+through ssh's stdin (``docker run --env-file /dev/stdin``): never on a command line, which gcloud would write to its
+logs.
 ``--dry_run`` prints every command instead of running it.
 """
 

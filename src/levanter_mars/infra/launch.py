@@ -30,6 +30,7 @@ def wants_private_cluster(launch: RayLaunchConfig, environ=os.environ) -> bool:
 
 def run_job(job, address: str, launch: RayLaunchConfig, label: str, private: bool = False) -> int:
     """Submits ``job`` and (unless ``--follow false``) streams its log; returns the launcher's exit code."""
+    from levanter_mars.infra.host import CONFIG_ERROR_EXIT_CODE
     from levanter_mars.infra.ray_job import driver_exit_code, follow, how_to_watch, submit
 
     try:
@@ -55,11 +56,8 @@ def run_job(job, address: str, launch: RayLaunchConfig, label: str, private: boo
     print(f"Ray job {submission}: {status}")
     if status == "SUCCEEDED":
         return 0
-    return CONFIG_ERROR if driver_exit_code(submission, address) == CONFIG_ERROR else 1
-
-
-#: The job's driver ends with the training program's exit 2 on a config error (not retried): so does the launcher.
-CONFIG_ERROR = 2
+    # The driver ends with the training program's exit 2 on a config error (not retried): so does the launcher.
+    return CONFIG_ERROR_EXIT_CODE if driver_exit_code(submission, address) == CONFIG_ERROR_EXIT_CODE else 1
 
 
 class Terminated(KeyboardInterrupt):

@@ -31,7 +31,6 @@ from levanter_mars.compat.ray_jobs import RAY_JOB_CONFIG_JSON_ENV_VAR
 from levanter_mars.infra.config import SECRET_METADATA_PREFIX, LaunchError, split_overrides
 from levanter_mars.infra.host import CONFIG_ERROR_EXIT_CODE, LocalHost, host_task
 from levanter_mars.infra.local_node import LOCAL_SLICE_NAME, LOCAL_SLICE_SHAPES
-from levanter_mars.training.run.launch_id import new_launch_id
 from levanter_mars.infra.slices import (
     HOST_TASK_CPUS,
     HOST_TASK_MEMORY_BYTES,
@@ -40,6 +39,7 @@ from levanter_mars.infra.slices import (
     head_resource,
     launch_slice,
 )
+from levanter_mars.training.run.launch_id import new_launch_id
 
 logger = logging.getLogger("levanter_mars.infra.pod")
 

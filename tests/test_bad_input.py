@@ -49,6 +49,7 @@ def _assert_nothing_started(tmp_path):
         ({"model": {"num_heads": 3}}, "model.hidden_dim"),
         ({"data": {"tokenizer": "/nonexistent/tokenizer"}}, "data.tokenizer"),
         ({"log_entropy": True}, "log_entropy is not supported"),
+        ({"hf_save_path": "/proc/no-exports-here", "hf_save_steps": 10}, "hf_save_path: cannot write HF exports"),
         ({"data": {"cache_dir": "/nonexistent/cache", "train_urls": ["/nonexistent/train.jsonl"]}},
          "data.train_urls[0]"),
     ],
@@ -124,3 +125,43 @@ def test_missing_data_files_behind_an_existing_cache_are_warned_about(tmp_path, 
     with caplog.at_level("WARNING"):
         assert missing_data_paths(data) == []
     assert "data.train_urls" in caplog.text and "gone.jsonl" in caplog.text and "existing token cache" in caplog.text
+
+
+@pytest.mark.parametrize("empty", [("train", "validation"), ("train",), ("validation",)])
+def test_empty_data_files_are_a_config_error_naming_the_field_and_file(tmp_path, pydocs_corpus, capsys, empty):
+    """An empty train file made Levanter fail after compiling ("Requested indices beyond the end of the dataset"),
+    an empty validation file with an IndexError from its eval; through the launcher, each was retried."""
+    urls = {}
+    for split in ("train", "validation"):
+        path = tmp_path / f"{split}.jsonl"
+        source = pydocs_corpus / f"{split}.jsonl"
+        path.write_text("\n  \n" if split in empty else source.read_text())
+        urls[f"{split}_urls"] = [str(path)]
+    config = tiny_config(tmp_path, pydocs_corpus, "bad", {"data": {**urls, "cache_dir": str(tmp_path / "tokenized")}})
+    code, output = run_cli_in_process(capsys, config)
+    assert code == 2, output[-3000:]
+    first = empty[0]
+    line = next(line for line in output.splitlines() if line.startswith("config error:"))
+    assert f"data.{first}_urls" in line and f"{first}.jsonl" in line and "empty" in line, line
+    assert "Traceback" not in output
+    assert not (tmp_path / "tokenized" / first).exists(), "a cache was built from the empty file"
+    _assert_nothing_started(tmp_path)
+
+
+def test_an_empty_token_cache_is_a_config_error(tmp_path):
+    """A cache built from empty files (before this check) is refused too, naming it."""
+    from types import SimpleNamespace
+
+    from levanter_mars.training.data.sources import empty_data_paths
+
+    (tmp_path / "cache" / "train").mkdir(parents=True)
+    ledger = tmp_path / "cache" / "train" / "shard_ledger.json"
+    ledger.write_text('{"total_num_rows": 0, "is_finished": true}')
+    data = SimpleNamespace(cache_dir=str(tmp_path / "cache"), train_urls=[str(tmp_path / "gone.jsonl")],
+                           validation_urls=[])
+    assert empty_data_paths(data) == [
+        f"data.train_urls: the token cache {str(tmp_path / 'cache' / 'train')!r} has no documents (built from "
+        "empty files?)"
+    ]
+    ledger.write_text('{"total_num_rows": 60, "is_finished": true}')
+    assert empty_data_paths(data) == []

@@ -649,3 +649,131 @@ def test_every_defect_the_compat_modules_cite_is_in_the_index():
             cited.update(int(n) for n in re.findall(r"\d+", group))
     assert cited <= listed, sorted(cited - listed)
     assert cited, "no module cites a defect: the pattern is stale"
+@contextlib.contextmanager
+def _root_logging_restored():
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        for handler in root.handlers:
+            if handler not in handlers:
+                handler.close()
+        root.handlers[:], root.level = handlers, level
+
+
+def test_defect_28_levanter_names_its_log_file_run_id_dot_log_dot_log(tmp_path):
+    import levanter.utils.logging as levanter_logging
+    from levanter.trainer import TrainerConfig
+
+    assert 'init_logging(self.log_dir, f"{id}.log")' in inspect.getsource(TrainerConfig.initialize)
+    with _root_logging_restored():
+        levanter_logging.init_logging(tmp_path, "run-1.log")
+    assert [p.name for p in tmp_path.iterdir()] == ["run-1.log.log"]
+
+
+def test_defect_28_workaround_names_it_run_id_dot_log(tmp_path):
+    import levanter.utils.logging as levanter_logging
+
+    from levanter_mars.compat.levanter_logging import log_file_named_by_run_id
+
+    with _root_logging_restored(), log_file_named_by_run_id():
+        levanter_logging.init_logging(tmp_path, "run-1.log")  # as TrainerConfig.initialize calls it
+    assert [p.name for p in tmp_path.iterdir()] == ["run-1.log"]
+    assert levanter_logging.init_logging.__name__ == "init_logging", "the patch outlived Levanter's initialize"
+
+
+def test_defect_29_levanter_gives_every_other_process_an_offline_wandb_run(monkeypatch):
+    import levanter.tracker.wandb as levanter_wandb
+    import wandb
+
+    asked = []
+
+    class Stop(Exception):
+        pass
+
+    def init(**kwargs):
+        asked.append(kwargs["mode"])
+        raise Stop  # what it asked for is all that matters
+
+    monkeypatch.setattr(levanter_wandb.jax, "process_index", lambda: 1)
+    monkeypatch.setattr(wandb, "init", init)
+    with pytest.raises(Stop):
+        levanter_wandb.WandbConfig(mode="disabled").init("run-1")
+    assert asked == ["offline"], "process 1 writes an offline W&B run, whatever the config says"
+
+
+def test_defect_29_workaround_leaves_wandb_to_process_zero(monkeypatch):
+    from levanter.tracker.tracker import NoopConfig, NoopTracker
+    from levanter.tracker.wandb import WandbConfig
+
+    from levanter_mars.compat import tracking
+    from levanter_mars.training.trainer import MarsTrainerConfig
+
+    wandb_and_noop = MarsTrainerConfig(tracker=(WandbConfig(mode="offline"), NoopConfig()))
+    single = MarsTrainerConfig(tracker=WandbConfig(mode="offline"))
+    tracking.only_process_zero_tracks(single)  # process 0 (this test): unchanged
+    assert isinstance(single.tracker, WandbConfig)
+
+    monkeypatch.setattr(tracking.jax, "process_index", lambda: 1)
+    joined = []
+    monkeypatch.setattr(tracking.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(tracking, "multihost_broadcast_sync", lambda obj, is_source: joined.append(is_source) or {})
+    tracking.only_process_zero_tracks(single)
+    tracking.only_process_zero_tracks(wandb_and_noop)
+    assert isinstance(single.tracker, tracking.WandbOnProcessZeroOnly)
+    assert [type(t) for t in wandb_and_noop.tracker] == [tracking.WandbOnProcessZeroOnly, NoopConfig]
+    assert isinstance(single.tracker.init("run-1"), NoopTracker)
+    assert joined == [False], "process 1 must join process 0's broadcast of the run's W&B identity"
+    import draccus
+
+    assert draccus.encode(single)["tracker"] == {"type": "wandb_on_process_zero_only"}  # configs get encoded
+
+
+def test_defect_30_levanter_logs_the_traceback_of_a_task_that_fails_to_load(caplog):
+    """The reason for levanter_mars.compat.lm_eval_harness.task_load_failures_unlogged (the workaround is shown
+    by tests/test_eval_suites.py::test_an_unknown_task_is_one_line_naming_it_and_its_near_names): Levanter logs the
+    whole traceback, then raises the same failure."""
+    from levanter.eval_harness import LmEvalHarnessConfig
+
+    with pytest.raises(ValueError, match="Failed to load task no_such_task"):
+        LmEvalHarnessConfig(task_spec=["no_such_task"]).to_task_dict()
+    logged = [r for r in caplog.records if r.name == "levanter.eval_harness" and r.exc_info]
+    assert logged and logged[0].getMessage() == "Failed to load task no_such_task"
+
+
+def test_defect_31_levanters_gpt2_hf_config_omits_resid_pdrop_and_the_mlp_width():
+    from levanter.models.gpt2 import Gpt2Config
+
+    hf = Gpt2Config(hidden_dim=32, num_heads=2, num_layers=1, resid_pdrop=0.0, mlp_scale=2).to_hf_config(100)
+    assert hf.resid_pdrop == 0.1, "transformers' default, not the trained 0.0"
+    assert hf.n_inner is None  # read as 4 x n_embd = 128, not the trained 2 x 32
+
+
+def test_defect_31_workaround_the_export_config_json_holds_what_was_trained(tmp_path):
+    """Every field of an export's config.json that describes the model, read back by transformers, against the
+    trained Levanter config (non-default values wherever the field allows)."""
+    import transformers
+    from levanter.models.gpt2 import Gpt2Config, Gpt2LMHeadModel
+
+    tokenizer = _word_level_tokenizer()
+    trained = Gpt2Config(
+        seq_len=64, hidden_dim=32, num_heads=2, num_layers=3, mlp_scale=2, initializer_range=0.03,
+        embed_pdrop=0.0, resid_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-6,
+        scale_attn_by_inverse_layer_idx=True, upcast_attn=True,
+    )  # fmt: skip
+    Vocab = hax.Axis("vocab", len(tokenizer))
+    model = Gpt2LMHeadModel.init(Vocab, trained, key=jax.random.PRNGKey(0))
+    converter = levanter_models.hf_converter(trained, tokenizer)
+    with jax.set_mesh(jax.sharding.Mesh(jax.devices()[:1], ("data",))):  # as the trainer's export hook runs
+        converter.save_pretrained(model, str(tmp_path), save_reference_code=False)
+    exported = transformers.GPT2Config.from_pretrained(str(tmp_path))
+    expected = {
+        "vocab_size": len(tokenizer), "n_positions": 64, "n_embd": 32, "n_head": 2, "n_layer": 3, "n_inner": 64,
+        "initializer_range": 0.03, "embd_pdrop": 0.0, "resid_pdrop": 0.0, "attn_pdrop": 0.0,
+        "layer_norm_epsilon": 1e-6, "activation_function": "gelu_new", "scale_attn_by_inverse_layer_idx": True,
+        "reorder_and_upcast_attn": True, "architectures": ["GPT2LMHeadModel"],
+    }  # fmt: skip
+    assert {k: getattr(exported, k) for k in expected} == expected

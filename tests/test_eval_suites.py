@@ -215,3 +215,42 @@ def test_standalone_results_of_another_runs_checkpoint_go_to_that_run(tmp_path, 
     assert default_output_dir(suite, train, other, "s") == "logs/other/eval/s/step-9"
     explicit = dataclasses.replace(suite, output_dir="out")
     assert default_output_dir(explicit, train, other, "s") == "out"
+
+
+def test_standalone_results_of_a_run_with_another_log_dir_go_next_to_its_checkpoint(tmp_path, monkeypatch):
+    """A run trained with another log_dir (and base_path) but the same run id: the YAML's log_dir is another run's
+    tree, and the run's own log_dir is unknown: results go next to the checkpoint (issue 25, defect 8)."""
+    from levanter_mars.eval.standalone import CheckpointSource, EvalHarnessMainConfig, checkpoint_run_id
+    from levanter_mars.eval.standalone import default_output_dir
+
+    monkeypatch.chdir(tmp_path)
+    train = parse_train_config(["--config_path", str(TINY_CONFIG), "--trainer.id", "nano-mars",
+                          "--trainer.checkpointer.base_path", "ckpts", "--trainer.log_dir", "logs"])
+    suite = EvalHarnessMainConfig(task_spec=["pydocs_mc"])
+    same_id_elsewhere = CheckpointSource("other/ckpt/nano-mars/step-29", 29, False)
+    assert checkpoint_run_id(train, same_id_elsewhere) == "nano-mars"
+    assert default_output_dir(suite, train, same_id_elsewhere, "s") == "other/ckpt/nano-mars/eval/s/step-29"
+    second = CheckpointSource("/somewhere/else/second/step-9", 9, False)
+    assert default_output_dir(suite, train, second, "s") == "/somewhere/else/second/eval/s/step-9"
+    # An HF export of run hf-trial (<hf_save_path>/<run id>/step-N) is hf-trial's, not the YAML's run.
+    export = CheckpointSource("exports/hf-trial/step-29", None, True)
+    assert checkpoint_run_id(train, export) == "hf-trial"
+    assert default_output_dir(suite, train, export, "s") == "exports/hf-trial/eval/s/hf-step-29"
+    own_export = CheckpointSource("exports/nano-mars/step-29", None, True)
+    assert default_output_dir(suite, train, own_export, "s") == "logs/nano-mars/eval/s/hf-step-29"
+
+
+def test_an_unknown_task_is_one_line_naming_it_and_its_near_names(reuse_builtin_index, capfd):
+    """It was 63 lines and 3 tracebacks ending `ValueError: Failed to load task no_such_task`."""
+    from levanter_mars.main.eval_harness import cli
+
+    argv = ["--config_path", str(OFFLINE_SUITE), "--download_only", "true", "--task_spec"]
+    assert cli([*argv, '["hellaswg"]']) == 2
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Failed to load task" not in err, err
+    (line,) = [line for line in err.splitlines() if line.strip()]
+    assert line.startswith("config error: task_spec: unknown task 'hellaswg': not among lm-eval's "), line
+    assert "did you mean 'hellaswag'" in line, line
+    assert cli([*argv, '["no_such_task"]']) == 2
+    assert "unknown task 'no_such_task'" in capfd.readouterr().err
+

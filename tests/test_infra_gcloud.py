@@ -199,3 +199,26 @@ def test_keep_leaves_the_slice_up():
     assert run_scripted(plan, fake)[0] == 0
     assert not any(c[3:5] == ["queued-resources", "delete"] for c in fake.calls)
     assert "delete" not in plan.render()
+
+
+def test_a_config_error_is_not_retried_and_every_attempt_is_one_launch():
+    """Exit 2 (a bad config) cannot succeed on a retry: the launch ends at once with it. Every attempt runs with the
+    same launch id, which makes fresh=true a once-per-launch action (tests/test_pod_workflow.py)."""
+    from levanter_mars.training.run.launch_id import LAUNCH_ID_ENV
+
+    plan = plan_for("--tpu_type", "v4-8", "--retries", "3")
+    fake = ScriptedGcloud(attempts=[[2], [0]])
+    code, log = run_scripted(plan, fake)
+    assert code == 2 and "config error" in log and "not retried" in log, log
+    train_calls = [c for c in fake.calls if c[3:5] == ["tpu-vm", "ssh"] and "--worker=all" not in c]
+    assert len(train_calls) == 1, "a config error was retried"
+    assert fake.calls[-1][3:5] == ["queued-resources", "delete"]
+
+    plan = plan_for("--tpu_type", "v4-8", "--retries", "1")
+    fake = ScriptedGcloud(attempts=[[1], [0]])
+    assert run_scripted(plan, fake)[0] == 0
+    trains = [c for c in fake.calls if c[3:5] == ["tpu-vm", "ssh"] and "--worker=all" not in c]
+    remotes = [c[c.index("--command") + 1] for c in trains]
+    launch_ids = [arg for r in remotes for arg in shlex.split(r) if arg.startswith(f"{LAUNCH_ID_ENV}=")]
+    assert len(remotes) == 2 and len(launch_ids) == 2 and len(set(launch_ids)) == 1, remotes
+    assert launch_ids[0] == f"{LAUNCH_ID_ENV}={plan.launch_id}"

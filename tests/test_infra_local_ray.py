@@ -15,11 +15,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
-from levanter_mars.infra.local_cluster import LocalRayCluster
+from levanter_mars.infra.local_cluster import STATE_FILE, LocalRayCluster
 from levanter_mars.training.distributed import HEARTBEAT_TIMEOUT_S
 from tests.helpers.ray_launch import (
     files_containing,
@@ -105,19 +106,39 @@ def test_tiny_run_finishes_on_the_local_engine_with_checkpoints(cluster, workdir
     assert_no_secret_written(cluster, workdir, log)
 
 
+def _previous_run(workdir, run_id: str) -> dict[str, Path]:
+    """What an earlier run of ``run_id`` left behind, for ``fresh=true`` to set aside."""
+    paths = run_paths(workdir, run_id)
+    old = {"run_dir": paths["run_dir"], "checkpoints": paths["checkpoints"] / "step-99"}
+    old["log"] = workdir / "runs" / f"{run_id}.log"
+    for key in ("run_dir", "checkpoints"):
+        old[key].mkdir(parents=True)
+        (old[key] / "OLD_RUN").write_text("the previous run")
+    old["log"].write_text("OLD_RUN's log\n")
+    return old
+
+
 def test_local_pod_of_two_hosts_survives_a_killed_process_and_resumes_bitwise(workdir, pydocs_corpus, pod_reference):
-    """One command (no --address: the launcher starts and stops its own cluster), 2 hosts x 2 devices. (A lost Ray
-    worker, a preemption, is retried on its own budget: tests/test_infra_gcloud.py checks the counting.)"""
+    """One command (no --address: the launcher starts and stops its own cluster), 2 hosts x 2 devices, with
+    ``--fresh true`` and W&B on. A dead host's retry resumes the run the first attempt started (fresh=true is
+    applied once per launch), only process 0 writes a W&B run, Levanter's log is ``<run id>.log``, and nothing of
+    the private cluster, its client-server proxy included, is left behind. (A lost Ray worker, a preemption, is
+    retried on its own budget: tests/test_infra_gcloud.py checks the counting.)"""
     run_id = "pod-killed"
-    config = tiny_config(workdir, pydocs_corpus, run_id)
+    tracker = {"type": "wandb", "mode": "offline", "project": "pod-workflow"}
+    config = tiny_config(workdir, pydocs_corpus, run_id, {"trainer": {"tracker": tracker}})
+    old = _previous_run(workdir, run_id)
     metrics = run_paths(workdir, run_id)["metrics"]
-    log_path = workdir / f"{run_id}.log"
-    env = launcher_env({}, SECRETS)
+    log_path = workdir / f"{run_id}.launcher.log"
+    env = {**launcher_env({}, SECRETS), "WANDB_DIR": str(workdir / "wandb-pod")}
     env.pop("RAY_ADDRESS", None)
+    (workdir / "wandb-pod").mkdir()
     flags = ("--num_hosts", "2", "--devices_per_host", "2", "--retries", "1", "--preemption_retries", "0")
-    with launched(config, env, log_path, *flags) as launcher:
+    with launched(config, env, log_path, *flags, "--", "--fresh", "true") as launcher:
         # A failure: host 1's training process dies (SIGKILL) after the step-10 checkpoint; host 0 must not linger.
         first = wait_for(lambda: len(ps := training_processes(config)) == 2 and ps, what="both training processes")
+        temp_dir = re.search(r"starting a private Ray cluster .* in (\S+)", log_path.read_text()).group(1)
+        gcs_port = json.loads((Path(temp_dir) / STATE_FILE).read_text())["gcs_port"]
         for proc in first:
             environ = proc.environ()
             assert {k: environ.get(k) for k in SECRETS} == SECRETS, "credentials did not reach a training process"
@@ -130,19 +151,27 @@ def test_local_pod_of_two_hosts_survives_a_killed_process_and_resumes_bitwise(wo
         deadline_s = 3 * HEARTBEAT_TIMEOUT_S  # 3x the heartbeat timeout the survivor is designed to end by
         wait_for(lambda: not survivor.is_running(), timeout=deadline_s, what="host 0 to end after host 1 died")
         survivor_s = time.monotonic() - killed_at
-        old = {p.pid for p in first}
+        old_pids = {p.pid for p in first}
         second = wait_for(
-            lambda: len(ps := training_processes(config)) == 2 and not old & {p.pid for p in ps} and ps,
+            lambda: len(ps := training_processes(config)) == 2 and not old_pids & {p.pid for p in ps} and ps,
             what="a restart of both hosts",
         )
         assert all(p.parent().cmdline()[0].startswith("ray::") for p in second), "hosts run as Ray tasks"
         code = launcher.wait(timeout=900)
+    proxy_flag = f"--address=127.0.0.1:{gcs_port}"
+    proxies = [p.pid for p in psutil.process_iter(["cmdline"]) if proxy_flag in (p.info["cmdline"] or ())]
     log = log_path.read_text()
     print(f"host 0 ended {survivor_s:.1f} s after host 1 was killed")
     assert code == 0, log[-6000:]
     assert ": SUCCEEDED" in log and "Running on 1 x TPU cpu" in log
     assert "Failed 1 times" in log and "Preempted" not in log, "one failure, not counted as a preemption"
+    # fresh=true: the old run set aside by the first attempt only (run dir, checkpoints, log: 3 moves); the retry
+    # resumed the first attempt's checkpoint.
+    assert log.count("fresh=true: moved") == 3, log[-6000:]
+    assert log.count("fresh=true was applied by an earlier attempt of this launch") == 1
     assert sorted(set(re.findall(r"Resuming from \S+/(step-\d+)", log))) == ["step-10"]
+    aside = list(old["checkpoints"].parent.parent.glob(f"{run_id}.old-*"))
+    assert len(aside) == 1 and (aside[0] / "step-99" / "OLD_RUN").exists()
     lines = metrics.read_text().splitlines()
     records = [json.loads(line) for line in lines]  # every line parses
     assert sorted(r["step"] for r in records if "train/loss" in r) == list(range(30)), "every step exactly once"
@@ -150,10 +179,37 @@ def test_local_pod_of_two_hosts_survives_a_killed_process_and_resumes_bitwise(wo
     reference = losses(pod_reference[2]["metrics"])  # the same tiny run as 2 processes started by hand, no Ray
     mismatches = {s: (got[s], reference[s]) for s in reference if got[s] != reference[s]}
     assert not mismatches, mismatches
-    # The private cluster is gone, with every process it started.
-    temp_dir = re.search(r"starting a private Ray cluster .* in (\S+)", log).group(1)
+    # Levanter's log is <log_dir>/<run id>.log, both hosts' lines, and not appended to the old run's.
+    assert not (workdir / "runs" / f"{run_id}.log.log").exists()
+    run_log = old["log"].read_text()
+    assert "OLD_RUN" not in run_log and " - 1 - " in run_log and " - 0 - " in run_log
+    # W&B: one offline run with data per attempt, process 0's (Levanter inits its tracker twice in process 0, the
+    # second time into the same run: that directory holds a debug log only).
+    assert len(list((workdir / "wandb-pod" / "wandb").glob("offline-run-*/run-*.wandb"))) == 2
+    # The private cluster is gone, with every process it started, its client-server proxy included.
     assert not os.path.exists(temp_dir)
     assert not [p.pid for p in psutil.process_iter(["cmdline"]) if any(temp_dir in a for a in p.info["cmdline"] or ())]
+    assert not proxies, f"the private cluster's client-server proxy outlived it: {proxies}"
+
+
+def test_a_config_error_on_the_pod_ends_the_launch_at_once(workdir, pydocs_corpus, tmp_path):
+    """Exit 2 (here: empty data files, caught before anything is built or compiled) is not retried: a retry runs the
+    same config. It was 4 attempts, 66 s and 5 tracebacks."""
+    empty = {"train_urls": [str(tmp_path / "train.jsonl")], "validation_urls": [str(tmp_path / "validation.jsonl")],
+             "cache_dir": str(tmp_path / "tokenized")}  # fmt: skip
+    for split in ("train", "validation"):
+        (tmp_path / f"{split}.jsonl").write_text("")
+    config = tiny_config(workdir, pydocs_corpus, "pod-empty", {"data": empty})
+    env = launcher_env({}, {})
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run(
+        launcher_command(config, "--retries", "3"), cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    log = output(proc)
+    assert proc.returncode == 2, log[-6000:]
+    assert log.count("Running on 1 x TPU cpu") == 1, "the config error was retried"
+    assert log.count("config error: data.train_urls: no documents to train on") == 1
+    assert "not retried" in log and "Traceback" not in log, log[-6000:]
 
 
 @pytest.mark.extended  # a long-lived cluster (--address): the private-cluster pod test covers the engine in CI

@@ -1,4 +1,4 @@
-"""Every monkeypatch and private-name use of a dependency (Levanter, lm-eval, datasets, wandb, jax, Ray, argparse).
+"""Every monkeypatch and private-name use of a dependency (Levanter, lm-eval, datasets, wandb, jax, Ray, Ray, argparse).
 
 :data:`DEFECTS` is the index: one row per upstream defect, with the pinned version it was seen in, what goes wrong,
 what works around it, and the test that reproduces it against the installed packages, so that the day upstream fixes
@@ -214,5 +214,35 @@ DEFECTS: tuple[Defect, ...] = (
         "a task that fails to load is not named in Levanter's error (lm-eval pops its name first)",
         "compat.lm_eval_harness.TaskErrorsNamed",
         _COMPAT + "test_defect_27_a_task_that_fails_to_load_is_not_named_and_the_workaround_names_it",
+    ),
+    Defect(
+        28,
+        LEVANTER,
+        "TrainerConfig.initialize passes f'{id}.log' to init_logging, which appends .log again: <run id>.log.log",
+        "compat.levanter_logging.log_file_named_by_run_id",
+        _COMPAT + "test_defect_28_levanter_names_its_log_file_run_id_dot_log_dot_log",
+    ),
+    Defect(
+        29,
+        LEVANTER,
+        "WandbConfig.init hard-codes mode='offline' on every process but 0, so each host of a pod writes a whole "
+        "W&B run",
+        "compat.tracking.only_process_zero_tracks",
+        _COMPAT + "test_defect_29_levanter_gives_every_other_process_an_offline_wandb_run",
+    ),
+    Defect(
+        30,
+        LEVANTER,
+        "the eval harness logs the whole traceback of a task that fails to load, then raises it anyway",
+        "compat.lm_eval_harness.task_load_failures_unlogged",
+        _COMPAT + "test_defect_30_levanter_logs_the_traceback_of_a_task_that_fails_to_load",
+    ),
+    Defect(
+        31,
+        LEVANTER,
+        "Gpt2Config.to_hf_config omits resid_pdrop and the MLP width: an HF export's config.json says transformers' "
+        "defaults (dropout 0.1)",
+        "compat.levanter_models.gpt2_hf_fields_levanter_omits",
+        _COMPAT + "test_defect_31_levanters_gpt2_hf_config_omits_resid_pdrop_and_the_mlp_width",
     ),
 )

@@ -1,4 +1,4 @@
-"""Defect 3: GPT-2's HF converter without the Hugging Face hub."""
+"""Defect 3: GPT-2's HF converter without the Hugging Face hub; defect 31: the fields its HF config leaves out."""
 
 from __future__ import annotations
 
@@ -39,7 +39,15 @@ def hf_converter(model_config: Any, tokenizer: Any):
     from levanter.models.gpt2 import Gpt2Config
 
     if isinstance(model_config, Gpt2Config):
-        return offline_gpt2_converter(tokenizer)(model_config)
+        converter = offline_gpt2_converter(tokenizer)(model_config)
+        return converter.with_config_overrides(gpt2_hf_fields_levanter_omits(model_config))
     if isinstance(model_config, HFCompatConfig):
         return model_config.hf_checkpoint_converter().replaced(tokenizer=tokenizer)
     return None
+
+
+def gpt2_hf_fields_levanter_omits(model_config: Any) -> dict[str, Any]:
+    """Defect 31. ``Gpt2Config.to_hf_config`` never passes ``resid_pdrop`` (so an export says transformers' default,
+    0.1, whatever was trained: fine-tuning it adds dropout) nor the MLP width (``n_inner``, transformers' default
+    4 x ``n_embd``, wrong for another ``mlp_scale``). The export's ``config.json`` gets the trained values."""
+    return {"resid_pdrop": model_config.resid_pdrop, "n_inner": model_config.mlp_scale * model_config.hidden_dim}

@@ -114,6 +114,25 @@ def no_datasets_download_counts() -> Iterator[None]:
 FAILED_TO_LOAD = "Failed to load task "
 
 
+@contextlib.contextmanager
+def task_load_failures_unlogged() -> Iterator[None]:
+    """Defect 30. Levanter logs the whole traceback of a task that fails to load (``logger.exception``) and then
+    raises it anyway: the caller reports it once, in one line. Other records of Levanter's harness still show."""
+    import logging
+
+    class NotTaskLoadFailures(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return not str(record.msg).startswith(FAILED_TO_LOAD)
+
+    harness_logger = logging.getLogger("levanter.eval_harness")
+    quiet = NotTaskLoadFailures()
+    harness_logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        harness_logger.removeFilter(quiet)
+
+
 @dataclasses.dataclass(frozen=True)
 class TaskErrorsNamed(LmEvalHarnessConfig):
     """Defect 27. lm-eval pops ``task`` from a dict entry while loading it, so Levanter's error for a task that fails

@@ -34,6 +34,7 @@ from levanter.models.gpt2 import Gpt2Config
 from levanter.tracker import NoopConfig
 from levanter.utils.tree_utils import inference_mode
 
+from levanter_mars.compat.levanter_logging import log_file_named_by_run_id
 from levanter_mars.compat.levanter_models import hf_converter
 from levanter_mars.compat.lm_eval_harness import run_eval_harness
 from levanter_mars.eval import report
@@ -66,8 +67,9 @@ class EvalHarnessMainConfig(EvalSuiteConfig):
     tokenizer: Optional[str] = None
     """Overrides the tokenizer (default: the HF checkpoint's own, else ``data.tokenizer`` of the training YAML)."""
     output_dir: Optional[str] = None
-    """Default: ``<log_dir>/<run id>/eval/<suite>/step-N`` (or ``.../hf-<name>``); ``eval_results/<name>/<suite>``
-    for an HF checkpoint without a training YAML."""
+    """Default: ``<log_dir>/<run id>/eval/<suite>/step-N`` (or ``.../hf-step-N``) for a checkpoint of the training
+    YAML's run (or of a run of it with another ``trainer.id``); next to any other checkpoint,
+    ``<its run dir>/eval/<suite>/step-N``; ``eval_results/<name>/<suite>`` for an HF checkpoint without a YAML."""
     run_name: Optional[str] = None
     """The row label in the results table. Default: the run id (or the HF checkpoint's directory name)."""
     model_axis_size: Optional[int] = None
@@ -172,20 +174,28 @@ def _comparable(path: str) -> str:
 
 
 def checkpoint_run_id(train: TrainAndEvalConfig, source: CheckpointSource) -> str:
-    """The run a Levanter checkpoint belongs to: the training config's run, unless the checkpoint lies outside that
-    run's checkpoint directory (another run of the same YAML, e.g. one trained with ``--trainer.id`` or other
-    command-line overrides); then the name of the run directory holding the checkpoint. Without this, evaluating
-    run B's checkpoint with run A's YAML would label the row as A and overwrite A's results."""
+    """The run a checkpoint belongs to: the training config's run, unless the checkpoint lies outside that run's
+    checkpoint directory (another run, e.g. one trained with ``--trainer.id`` or another ``log_dir``); then the name
+    of the directory holding it (``<base>/<run id>/step-N``, or an HF export's ``<hf_save_path>/<run id>/step-N``).
+    Without this, evaluating run B's checkpoint with run A's YAML would label the row as A."""
     own = stable_run_id(train)
+    if source.is_hf:
+        name, step = _hf_name(source.path)
+        return name if step is not None else own
     run_dir = posixpath.dirname(source.path.rstrip("/"))
     name = posixpath.basename(run_dir)
     if not name or _comparable(run_dir) == _comparable(train.trainer.checkpointer.expanded_path(own)):
         return own
-    logger.warning(
-        "Checkpoint %s is not in the checkpoint directory of run %r of the training config; its results are "
-        "labelled and stored as run %r (set --run_name / --output_dir to choose)", source.path, own, name,
-    )
     return name
+
+
+def _same_layout(train: TrainAndEvalConfig, source: CheckpointSource, run_id: str) -> bool:
+    """Whether the checkpoint sits where the training config would put run ``run_id``'s checkpoints: then that run
+    shares the config's ``log_dir`` (a run of the same YAML with another ``trainer.id``)."""
+    if source.is_hf:
+        return run_id == stable_run_id(train)
+    run_dir = posixpath.dirname(source.path.rstrip("/"))
+    return _comparable(run_dir) == _comparable(train.trainer.checkpointer.expanded_path(run_id))
 
 
 def default_output_dir(
@@ -195,17 +205,27 @@ def default_output_dir(
     suite: str,
     run_id: Optional[str] = None,
 ) -> str:
+    """``--output_dir``; else the run's own ``<log_dir>/<run id>/eval/<suite>/<leaf>`` when the training config
+    describes the checkpoint's run; else next to the checkpoint, ``<its run dir>/eval/<suite>/<leaf>``: never into
+    the tree of a run the checkpoint does not belong to."""
     if config.output_dir:
         return config.output_dir
-    if not source.is_hf:
-        assert train is not None
-        run_id = run_id or checkpoint_run_id(train, source)
-        return posixpath.join(str(train.trainer.log_dir), run_id, "eval", suite, f"step-{source.step}")
-    name, step = _hf_name(source.path)
-    leaf = f"hf-step-{step}" if step is not None else f"hf-{name}"
-    if train is not None:
-        return posixpath.join(str(train.trainer.log_dir), stable_run_id(train), "eval", suite, leaf)
-    return posixpath.join("eval_results", name, suite, leaf)
+    if source.is_hf:
+        name, step = _hf_name(source.path)
+        leaf = f"hf-step-{step}" if step is not None else f"hf-{name}"
+    else:
+        leaf = f"step-{source.step}"
+    if train is None:
+        return posixpath.join("eval_results", _hf_name(source.path)[0], suite, leaf)
+    run_id = run_id or checkpoint_run_id(train, source)
+    if _same_layout(train, source, run_id):
+        return posixpath.join(str(train.trainer.log_dir), run_id, "eval", suite, leaf)
+    beside = posixpath.join(posixpath.dirname(source.path.rstrip("/")), "eval", suite, leaf)
+    logger.warning(
+        "Checkpoint %s is not one of the training config's run %r: its results are labelled %r and written next to "
+        "it, to %s (set --run_name / --output_dir to choose)", source.path, stable_run_id(train), run_id, beside,
+    )
+    return beside
 
 
 def _load_model(source: CheckpointSource, model_config, tokenizer, trainer: MarsTrainerConfig):
@@ -250,7 +270,8 @@ def evaluate(config: EvalHarnessMainConfig, *, suite: str = "suite") -> Optional
     model_config = train.model if train is not None else Gpt2Config()
     tokenizer = load_tokenizer(_tokenizer_name(config, train, source))
     trainer = _trainer_config(config, train)
-    trainer.initialize()
+    with log_file_named_by_run_id():
+        trainer.initialize()
     logger.info("Evaluating %s on %d device(s)", source.path, jax.device_count())
     tasks = config.to_task_dict()
     with trainer.use_device_mesh(), hax.axis_mapping(trainer.parameter_axis_mapping):
@@ -262,10 +283,7 @@ def evaluate(config: EvalHarnessMainConfig, *, suite: str = "suite") -> Optional
         return None
     assert outputs is not None
     hf_name, hf_step = _hf_name(source.path) if source.is_hf else (None, None)
-    if train is None:
-        run_id = hf_name
-    else:
-        run_id = stable_run_id(train) if source.is_hf else checkpoint_run_id(train, source)
+    run_id = hf_name if train is None else checkpoint_run_id(train, source)
     run_name = config.run_name or run_id
     written = report.write_results(
         outputs, default_output_dir(config, train, source, suite, run_id), run_name=run_name,

@@ -58,9 +58,10 @@ class EvalSuiteConfig(lm_eval_harness.TaskErrorsNamed):
             lm_eval_harness.no_datasets_download_counts(),
         ):
             try:
-                return LmEvalHarnessConfig.to_task_dict(resolved)
+                with lm_eval_harness.task_load_failures_unlogged():
+                    return LmEvalHarnessConfig.to_task_dict(resolved)
             except ValueError as e:
-                raise _dataset_error(e) or e
+                raise _unknown_task_error(e, directories) or _dataset_error(e) or e
 
 
 _FAILED_TO_LOAD = lm_eval_harness.FAILED_TO_LOAD
@@ -135,11 +136,34 @@ def _causes(error: BaseException) -> list[BaseException]:
     return chain
 
 
+def _failed_task(chain: list[BaseException], error: BaseException) -> str:
+    names = [str(e).removeprefix(_FAILED_TO_LOAD) for e in chain if str(e).startswith(_FAILED_TO_LOAD)]
+    return names[-1] if names else str(error)
+
+
+def _unknown_task_error(error: ValueError, directories: list[str]) -> Optional[TaskSpecError]:
+    """lm-eval looks a task name up in its index (a KeyError when absent): say so in one line, with near names.
+    Called inside the task manager's context, so the index searched is the one the task was missing from."""
+    import difflib
+
+    import lm_eval.tasks
+
+    chain = _causes(error)
+    task = _failed_task(chain, error)
+    if not any(isinstance(e, KeyError) and e.args == (task,) for e in chain):
+        return None
+    known = lm_eval.tasks.TaskManager().all_tasks
+    near = difflib.get_close_matches(task, known, n=3, cutoff=0.8)
+    where = f"lm-eval's {len(known)} tasks and groups"
+    where += f" and the task YAMLs in {directories}" if directories else ""
+    hint = f"; did you mean {' or '.join(map(repr, near))}?" if near else ""
+    return TaskSpecError(f"task_spec: unknown task {task!r}: not among {where}{hint}")
+
+
 def _dataset_error(error: ValueError) -> Optional[EvalDatasetError]:
     """Levanter reports every task-loading failure as ``ValueError("Failed to load task ...")``: name the cause."""
     chain = _causes(error)
-    names = [str(e).removeprefix(_FAILED_TO_LOAD) for e in chain if str(e).startswith(_FAILED_TO_LOAD)]
-    task = names[-1] if names else str(error)
+    task = _failed_task(chain, error)
     offline = [e for e in chain if isinstance(e, ConnectionError) or "not cached" in str(e)]
     missing_file = [e for e in chain if isinstance(e, FileNotFoundError) and "Unable to find" in str(e)]
     if offline:

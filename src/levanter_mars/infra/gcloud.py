@@ -7,8 +7,10 @@
 It creates the queued resource, waits for it, pulls the image on every host, and runs the training command in a
 container on every host over ``gcloud ... ssh``. A non-zero exit while the slice is still ACTIVE is a failure
 (rerun on the same slice); a slice that left ACTIVE was preempted (deleted and created again). Both resume from
-the newest checkpoint under the same run id. Credentials go to each container through ssh's stdin
-(``docker run --env-file /dev/stdin``): never on a command line, which gcloud would write to its logs.
+the newest checkpoint under the same run id. A config error (exit 2 on a host) ends the launch at once, and every
+attempt carries the launch's id, so that ``fresh=true`` is applied once per launch. Credentials go to each container
+through ssh's stdin (``docker run --env-file /dev/stdin``): never on a command line, which gcloud would write to its
+logs.
 ``--dry_run`` prints every command instead of running it.
 """
 
@@ -24,8 +26,9 @@ from typing import Callable, Mapping, Optional, Sequence
 from levanter.infra.docker import make_docker_run_command
 
 from levanter_mars.infra.config import JobConfig, LaunchError
-from levanter_mars.infra.host import TRAIN_MODULE
+from levanter_mars.infra.host import CONFIG_ERROR_EXIT_CODE, TRAIN_MODULE
 from levanter_mars.infra.plan import REDACTED, PreparedRun, prepare_cli
+from levanter_mars.training.run.launch_id import LAUNCH_ID_ENV, new_launch_id
 
 CAPACITY_FLAGS = {"spot": ["--spot"], "on-demand": [], "reserved": ["--reserved"]}
 CONTAINER = "levanter-mars"
@@ -77,8 +80,9 @@ class Step:
 class GcloudPlan:
     """The exact gcloud commands of a run (pure: building them contacts nothing)."""
 
-    def __init__(self, run: PreparedRun, launch: GcloudLaunchConfig):
+    def __init__(self, run: PreparedRun, launch: GcloudLaunchConfig, launch_id: Optional[str] = None):
         self.run, self.launch = run, launch
+        self.launch_id = launch_id or new_launch_id()  # every attempt's: fresh=true is applied once per launch
         self.name = launch.name or f"lm-{run.run_id}".lower().replace("_", "-")[:60]
         self._where = ("--project", launch.project, "--zone", launch.zone)
 
@@ -116,7 +120,7 @@ class GcloudPlan:
         return Step(self._ssh(node, "all", command), f"pull the image on every host of {node}")
 
     def container_command(self) -> list[str]:
-        env = {"RUN_ID": self.run.run_id}
+        env = {"RUN_ID": self.run.run_id, LAUNCH_ID_ENV: self.launch_id}
         docker = make_docker_run_command(
             self.launch.image, ["python", "-m", TRAIN_MODULE, *self.run.train_argv], foreground=True, env=env,
             name=CONTAINER,
@@ -207,6 +211,9 @@ class GcloudRunner:
                 if all(code == 0 for code in codes):
                     self._say(f"training finished on every host (failures {failures}, preemptions {preemptions})")
                     return 0
+                if CONFIG_ERROR_EXIT_CODE in codes:
+                    self._say(f"config error (host exits {codes}); not retried: a retry runs the same config")
+                    return CONFIG_ERROR_EXIT_CODE
                 if self.state() != ACTIVE:
                     preemptions += 1
                     self._say(f"the slice was preempted ({preemptions}/{job.preemption_retries}); host exits {codes}")

@@ -14,8 +14,11 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
 from levanter_mars.infra.local_node import without_node_environment
+from levanter_mars.training.run.launch_id import LAUNCH_ID_ENV
 
 TRAIN_MODULE = "levanter_mars.main.train_lm"
+#: The training program's exit code for a bad config (``main/train_lm.py``): nothing ran, and no retry can help.
+CONFIG_ERROR_EXIT_CODE = 2
 _PR_SET_PDEATHSIG = 1
 _DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
@@ -57,9 +60,13 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def training_environment(environ: Mapping[str, str], secrets: Mapping[str, str], local: bool) -> dict[str, str]:
+def training_environment(
+    environ: Mapping[str, str], secrets: Mapping[str, str], local: bool, launch_id: Optional[str] = None
+) -> dict[str, str]:
     env = without_node_environment(environ) if local else dict(environ)
     env.update(secrets)
+    if launch_id:
+        env[LAUNCH_ID_ENV] = launch_id  # one-shot actions (fresh=true) happen once per launch, not per attempt
     return env
 
 
@@ -77,11 +84,13 @@ def local_host_setup(local: LocalHost, environ: Mapping[str, str]) -> tuple[list
 
 
 def run_host(
-    train_argv: Sequence[str], workdir: Optional[str], local: Optional[LocalHost], secrets: Mapping[str, str]
+    train_argv: Sequence[str], workdir: Optional[str], local: Optional[LocalHost], secrets: Mapping[str, str],
+    launch_id: Optional[str] = None,
 ) -> dict:
-    """Runs the training program to completion. Raises TrainingProcessError if it fails or is killed."""
+    """Runs the training program to completion. Raises TrainingProcessError if it fails or is killed; a config
+    error (exit 2) is returned, not raised: ``run_on_pod`` retries every exception, and a retry cannot fix a config."""
     host = socket.gethostname()
-    env = training_environment(os.environ, secrets, local is not None)
+    env = training_environment(os.environ, secrets, local is not None, launch_id)
     argv = list(train_argv)
     if local is not None:
         flags, extra_env = local_host_setup(local, os.environ)
@@ -99,20 +108,21 @@ def run_host(
         if proc.poll() is None:  # this task is being cancelled: take the training process down with it
             proc.kill()
             proc.wait()
-    if code != 0:
+    if code not in (0, CONFIG_ERROR_EXIT_CODE):
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
         raise TrainingProcessError(f"training process {proc.pid} on {host} ended with {how}")
     return {"host": host, "pid": proc.pid, "returncode": code}
 
 
 def host_task(
-    train_argv: Sequence[str], workdir: Optional[str], local: Optional[LocalHost], secrets: Mapping[str, str]
+    train_argv: Sequence[str], workdir: Optional[str], local: Optional[LocalHost], secrets: Mapping[str, str],
+    launch_id: Optional[str] = None,
 ) -> Callable[[], dict]:
     """The no-argument function ``run_on_pod`` runs on every host. The credentials ride in the closure (pickled
     into the Ray head's memory), not in a runtime environment, which Ray would write to its logs."""
     train_argv, secrets = list(train_argv), dict(secrets)
 
     def train_on_this_host() -> dict:
-        return run_host(train_argv, workdir, local, secrets)
+        return run_host(train_argv, workdir, local, secrets, launch_id)
 
     return train_on_this_host

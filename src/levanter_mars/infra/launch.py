@@ -30,7 +30,8 @@ def wants_private_cluster(launch: RayLaunchConfig, environ=os.environ) -> bool:
 
 def run_job(job, address: str, launch: RayLaunchConfig, label: str, private: bool = False) -> int:
     """Submits ``job`` and (unless ``--follow false``) streams its log; returns the launcher's exit code."""
-    from levanter_mars.infra.ray_job import follow, how_to_watch, submit
+    from levanter_mars.infra.host import CONFIG_ERROR_EXIT_CODE
+    from levanter_mars.infra.ray_job import driver_exit_code, follow, how_to_watch, submit
 
     try:
         submission = submit(job, address)
@@ -53,11 +54,18 @@ def run_job(job, address: str, launch: RayLaunchConfig, label: str, private: boo
               file=sys.stderr)  # fmt: skip
         return 1
     print(f"Ray job {submission}: {status}")
-    return 0 if status == "SUCCEEDED" else 1
+    if status == "SUCCEEDED":
+        return 0
+    # The driver ends with the training program's exit 2 on a config error (not retried): so does the launcher.
+    return CONFIG_ERROR_EXIT_CODE if driver_exit_code(submission, address) == CONFIG_ERROR_EXIT_CODE else 1
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C (the private cluster is stopped), but reported as itself: exit 143, not 130."""
 
 
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt(signal.Signals(signum).name)
+    raise Terminated(signal.Signals(signum).name)
 
 
 def run_on_private_cluster(job, launch: RayLaunchConfig, hosts: int, label: str, temp_dir: str) -> int:
@@ -71,9 +79,9 @@ def run_on_private_cluster(job, launch: RayLaunchConfig, hosts: int, label: str,
     try:
         cluster = LocalRayCluster.start(temp_dir, num_hosts=hosts)
         code = run_job(job, cluster.address, launch, label, private=True)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print("\ninterrupted: stopping the private Ray cluster and the run on it", file=sys.stderr)
-        code = 130
+        code = 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
     except RuntimeError as e:  # ray start failed
         print(f"error: {e}", file=sys.stderr)
     finally:

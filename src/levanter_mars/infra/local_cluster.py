@@ -180,16 +180,24 @@ class LocalRayCluster:
         cluster._save()
         return cluster
 
+    def _is_own(self, cmdline: Sequence[str]) -> bool:
+        """Ray's daemons started with this cluster's temp dir; and its client server (``ray.util.client.server
+        --mode=proxy``), which names neither the temp dir nor a ``/ray/`` path and outlives ``ray start``, orphaned,
+        but is started with this cluster's own GCS address."""
+        if any(self.temp_dir in arg for arg in cmdline) and any("/ray/" in arg for arg in cmdline):
+            return True
+        return "ray.util.client.server" in cmdline and f"--address={self.gcs_address}" in cmdline
+
     def _find_pids(self) -> list[int]:
-        """Every process of this cluster: Ray's daemons started with its temp dir, and all their descendants
-        (workers, job drivers, training processes)."""
+        """Every process of this cluster (:meth:`_is_own`) and all their descendants (workers, job drivers,
+        training processes)."""
         import psutil
 
         found: dict[int, psutil.Process] = {}
         for proc in psutil.process_iter(["cmdline"]):
             cmdline = proc.info["cmdline"] or ()
             try:
-                if any(self.temp_dir in arg for arg in cmdline) and any("/ray/" in arg for arg in cmdline):
+                if self._is_own(cmdline):
                     found[proc.pid] = proc
                     for child in proc.children(recursive=True):
                         found[child.pid] = child

@@ -8,6 +8,9 @@ Each host runs ``python -m levanter_mars.main.train_lm <training args>`` as a ch
 with ``--trainer.distributed.*`` flags and a fresh coordinator port per attempt, see ``rendezvous.py``), so a
 crash of the training program is an ordinary failure of the Ray task (retried as a failure), while losing the host
 or its Ray worker is a preemption. Every attempt uses the same run id and so resumes from the newest checkpoint.
+
+Only what can succeed on a retry is retried: a config error (the training program's exit 2) ends the launch at
+once, and one-shot actions (``fresh=true``) happen once per launch: every attempt gets this driver's launch id.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from levanter.infra.ray_tpu import run_on_pod
 
 from levanter_mars.compat.ray_jobs import RAY_JOB_CONFIG_JSON_ENV_VAR
 from levanter_mars.infra.config import SECRET_METADATA_PREFIX, LaunchError, split_overrides
-from levanter_mars.infra.host import LocalHost, host_task
+from levanter_mars.infra.host import CONFIG_ERROR_EXIT_CODE, LocalHost, host_task
 from levanter_mars.infra.local_node import LOCAL_SLICE_NAME, LOCAL_SLICE_SHAPES
 from levanter_mars.infra.slices import (
     HOST_TASK_CPUS,
@@ -36,6 +39,7 @@ from levanter_mars.infra.slices import (
     head_resource,
     launch_slice,
 )
+from levanter_mars.training.run.launch_id import new_launch_id
 
 logger = logging.getLogger("levanter_mars.infra.pod")
 
@@ -132,7 +136,10 @@ def main(argv: Sequence[str]) -> int:
 
     # max_retries=0: Ray must not silently re-run a host whose worker died; run_on_pod counts that as a preemption
     # and restarts the whole slice. max_calls=1: a fresh worker (and TPU runtime) per attempt, as run_on_pod requires.
-    remote = ray.remote(max_calls=1, max_retries=0)(host_task(train_argv, pod.workdir, local, secrets))
+    launch_id = new_launch_id()
+    logger.info("launch %s: one-shot actions (fresh=true) apply to its first attempt only", launch_id)
+    task = host_task(train_argv, pod.workdir, local, secrets, launch_id)
+    remote = ray.remote(max_calls=1, max_retries=0)(task)
     try:
         results = run_on_pod(
             remote,
@@ -144,6 +151,11 @@ def main(argv: Sequence[str]) -> int:
     except Exception as e:  # noqa: BLE001 - run_on_pod re-raises the last problem when out of retries
         print(f"error: gave up after retries: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
+    refused = [r for r in results if r.get("returncode") == CONFIG_ERROR_EXIT_CODE]
+    if refused:
+        print(f"config error on {len(refused)} host(s) (see above); not retried: a retry runs the same config",
+              file=sys.stderr)  # fmt: skip
+        return CONFIG_ERROR_EXIT_CODE
     print(f"training finished on {len(results)} host(s): {results}")
     return 0
 

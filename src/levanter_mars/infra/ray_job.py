@@ -146,6 +146,14 @@ def follow(submission: str, address: str, out=sys.stdout, poll: float = 1.0) -> 
     return status
 
 
+def driver_exit_code(submission: str, address: str) -> Optional[int]:
+    """The exit code of the job's driver (``pod.py``), where Ray knows it."""
+    try:
+        return getattr(_client(address).get_job_info(submission), "driver_exit_code", None)
+    except Exception:  # noqa: BLE001 - only refines the launcher's exit code; the job's end was already reported
+        return None
+
+
 def how_to_watch(submission: str, address: str) -> str:
     return "\n".join(
         [

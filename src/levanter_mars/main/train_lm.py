@@ -13,8 +13,10 @@ from typing import Optional, Sequence
 
 import levanter
 
-from levanter_mars.compat.tracking import wandb_offline_unless_configured
+from levanter_mars.compat.levanter_logging import log_file_named_by_run_id
+from levanter_mars.compat.tracking import only_process_zero_tracks, wandb_offline_unless_configured
 from levanter_mars.eval import in_training
+from levanter_mars.eval.suite import EvalDatasetError, TaskSpecError
 from levanter_mars.eval.train_config import TrainAndEvalConfig, parse_train_config
 from levanter_mars.training import distributed, validation
 from levanter_mars.training.data import cache_check
@@ -46,6 +48,7 @@ def main(config: TrainAndEvalConfig) -> Optional[RunSummary]:
         distributed.leader_decides(lambda: bool(pydocs_corpus.prepare(config.embedded_corpus)))
     validation.validate(config)
     wandb_offline_unless_configured(config.trainer)
+    only_process_zero_tracks(config.trainer)
 
     # Process 0 holds every token cache to its provenance record (a mismatch raises ConfigError on every host), moves
     # caches aside for data.rebuild_cache and records the caches about to be built.
@@ -61,7 +64,8 @@ def main(config: TrainAndEvalConfig) -> Optional[RunSummary]:
             verify_checksums=config.trainer.checkpointer.verify_checksums,
         )
 
-    levanter.initialize(config)
+    with log_file_named_by_run_id():
+        levanter.initialize(config)
     train_lm(config, run_info=run_info, resume=resume, add_hooks=_eval_hooks(config))
     return summarize(config) if distributed.is_leader() else None
 
@@ -77,7 +81,10 @@ def _eval_hooks(config: TrainAndEvalConfig):
 
 
 #: Exit codes: 2 for a bad config (nothing ran), 1 for a run that stopped with a reason it reports.
-_EXIT_CODES = ((ConfigError, 2), (CheckpointError, 1), (NonFiniteTrainingError, 1), (DataExhaustedError, 1))
+_EXIT_CODES = (
+    (ConfigError, 2), (TaskSpecError, 2),
+    (CheckpointError, 1), (NonFiniteTrainingError, 1), (DataExhaustedError, 1), (EvalDatasetError, 1),
+)  # fmt: skip
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:

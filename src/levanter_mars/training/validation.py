@@ -19,7 +19,7 @@ import optax
 
 from levanter_mars.training.checkpointing.storage import check_writable
 from levanter_mars.training.config import ConfigError, TrainLmConfig
-from levanter_mars.training.data.sources import missing_data_paths
+from levanter_mars.training.data.sources import empty_data_paths, missing_data_paths
 from levanter_mars.training.errors import CheckpointError
 from levanter_mars.training import distributed
 from levanter_mars.training.nonfinite import NONFINITE_POLICIES
@@ -192,7 +192,7 @@ def check_placeholders(config: TrainLmConfig) -> None:
 
 
 def check_data(data) -> None:
-    problems = missing_data_paths(data)
+    problems = missing_data_paths(data) or empty_data_paths(data)
     if problems:
         raise ConfigError("; ".join(problems))
     tokenizer = getattr(data, "tokenizer", None)
@@ -221,6 +221,22 @@ def check_checkpoint_path(config: TrainLmConfig) -> None:
     distributed.leader_decides(probe)
 
 
+def check_hf_save_path(config: TrainLmConfig) -> None:
+    """The HF export is written during training (every ``hf_save_steps``): an unwritable ``hf_save_path`` would stop
+    the run there, and every retry after it. Probed like the checkpoint directory, by process 0."""
+    path = getattr(config, "hf_save_path", None)
+    if path is None or getattr(config, "hf_save_steps", None) is None:
+        return
+
+    def probe() -> None:
+        try:
+            check_writable(path)
+        except CheckpointError as e:
+            raise ConfigError(f"hf_save_path: cannot write HF exports to {path!r} ({e.__cause__})") from e
+
+    distributed.leader_decides(probe)
+
+
 #: Fields of Levanter's TrainLmConfig that this entry point does not implement.
 UNSUPPORTED = {
     "initialize_from_hf": "start from a Levanter checkpoint with initialize_from_checkpoint_path instead",
@@ -245,3 +261,4 @@ def validate(config: TrainLmConfig, *, device_count: int | None = None) -> None:
     check_mesh(config.trainer, device_count)
     check_data(config.data)
     check_checkpoint_path(config)
+    check_hf_save_path(config)

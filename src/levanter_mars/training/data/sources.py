@@ -10,6 +10,7 @@ finds and loads it. Remote sources (gs://, hf://, an HF dataset id) are left to 
 from __future__ import annotations
 
 import glob
+import json
 import logging
 import os
 import urllib.parse
@@ -91,6 +92,51 @@ def missing_data_paths(data) -> list[str]:
                 )
                 continue
             problems.extend(f"{name}.{split}_urls[{i}]: no such file {url!r}" for i, url in missing)
+    return problems
+
+
+def _has_a_document(path: str) -> bool:
+    """Whether a local text/jsonl file holds anything but whitespace (read until the first other character)."""
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 16):
+            if chunk.strip():
+                return True
+    return False
+
+
+def _finished_cache_rows(cache_dir: str, split: str) -> int | None:
+    """Rows of a finished local token cache (None when unknown: remote, unfinished or unreadable)."""
+    ledger = os.path.join(_local_path(cache_dir), split, "shard_ledger.json")
+    try:
+        with open(ledger) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return int(record["total_num_rows"]) if record.get("is_finished") and "total_num_rows" in record else None
+
+
+def empty_data_paths(data) -> list[str]:
+    """Messages for splits with nothing to train or evaluate on: every local file of a split empty, or a finished
+    local token cache of no rows. Levanter would fail on them only after compiling, with an IndexError (validation)
+    or "Requested indices beyond the end of the dataset" (train)."""
+    problems = []
+    for name, component in data_sources(data):
+        cache_dir = component_cache_dir(data, component, name)
+        for split in SPLITS:
+            field = f"{name}.{split}_urls"
+            urls = list(getattr(component, f"{split}_urls", None) or ())
+            if cache_dir and is_local(cache_dir) and cache_exists(cache_dir, split):
+                if _finished_cache_rows(cache_dir, split) == 0:
+                    where = os.path.join(cache_dir, split)
+                    problems.append(f"{field}: the token cache {where!r} has no documents (built from empty files?)")
+                continue
+            if not urls or not all(is_local(u) for u in urls):
+                continue
+            files = [path for url in urls for path in expand_local(url)]
+            if files and not any(_has_a_document(path) for path in files):
+                shown = ", ".join(repr(path) for path in files[:3]) + (", ..." if len(files) > 3 else "")
+                problems.append(f"{field}: no documents to {'train' if split == 'train' else 'evaluate'} on: "
+                                f"{shown} {'is' if len(files) == 1 else 'are'} empty")
     return problems
 
 

@@ -70,5 +70,10 @@ def run_dir(config) -> Path:
     return Path(config.trainer.log_dir) / config.trainer.id
 
 
+def log_file(config) -> Path:
+    """Levanter's log of the run, every process's lines (``compat.levanter_logging`` fixes its name)."""
+    return Path(config.trainer.log_dir) / f"{config.trainer.id}.log"
+
+
 def checkpoint_dir(config) -> str:
     return config.trainer.checkpointer.expanded_path(config.trainer.id)

@@ -1,0 +1,23 @@
+"""Defect 28: Levanter's log file is ``<log_dir>/<run id>.log.log``."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from levanter_mars.compat.patching import patched
+
+
+@contextlib.contextmanager
+def log_file_named_by_run_id() -> Iterator[None]:
+    """While Levanter initializes: ``TrainerConfig.initialize`` passes ``f"{id}.log"`` to ``init_logging``, which
+    appends ``.log`` again. The log is ``<log_dir>/<run id>.log``, as documented, and ``fresh`` sets it aside there."""
+    import levanter.utils.logging as levanter_logging
+
+    init_logging = levanter_logging.init_logging
+
+    def init_logging_once_suffixed(log_dir, run_id, *args, **kwargs):
+        return init_logging(log_dir, run_id.removesuffix(".log"), *args, **kwargs)
+
+    with patched(levanter_logging, init_logging=init_logging_once_suffixed):
+        yield

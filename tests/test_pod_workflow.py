@@ -1,0 +1,154 @@
+"""A newcomer's round on the pod workflow (issue 25), the fast parts: one-shot actions once per launch, a config
+error that ends a launch instead of being retried, and the launcher's exit code on SIGTERM. The launch itself, through
+the local pod, is in tests/test_infra_local_ray.py."""
+
+import os
+import signal
+import sys
+import textwrap
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from levanter_mars.eval.train_config import parse_train_config
+from levanter_mars.infra import host, launch
+from levanter_mars.training.run import fresh
+from levanter_mars.training.run.identity import checkpoint_dir
+from levanter_mars.training.run.launch_id import LAUNCH_ID_ENV
+from tests.helpers.training import tiny_config
+
+
+def _config(tmp_path: Path, run_id: str = "once", base_path: str | None = None):
+    overrides = {"trainer": {"checkpointer": {"base_path": base_path}}} if base_path else None
+    path = tiny_config(tmp_path, tmp_path / "corpus", run_id, overrides)  # parsed only: no corpus needed
+    return parse_train_config(["--config_path", str(path)])
+
+
+def _previous_run(config) -> list[Path]:
+    """What an earlier run leaves: its run directory, a checkpoint and Levanter's log file."""
+    run = Path(config.trainer.log_dir) / config.trainer.id
+    ckpt = Path(checkpoint_dir(config)) / "step-10"
+    log = Path(config.trainer.log_dir) / f"{config.trainer.id}.log"
+    for directory in (run, ckpt):
+        directory.mkdir(parents=True)
+        (directory / "old.txt").write_text("old run")
+    log.write_text("old run's log\n")
+    return [run, ckpt.parent, log]
+
+
+def test_fresh_is_applied_once_per_launch_and_sets_aside_the_log_too(tmp_path):
+    config = _config(tmp_path)
+    old = _previous_run(config)
+    first = fresh.set_aside_run(config, {LAUNCH_ID_ENV: "launch-a"})
+    assert [Path(p).name.split(".old-")[0] for p in first] == [p.name for p in old], first
+    assert not old[0].exists() and not old[2].exists(), "run dir and log are set aside"
+    assert [p.name for p in old[1].iterdir()] == [fresh.FRESH_MARKER], "the new checkpoint dir holds the marker only"
+    run, ckpt, log = map(Path, first)
+    assert (run / "old.txt").exists() and (ckpt / "step-10" / "old.txt").exists()
+    assert log.read_text() == "old run's log\n"
+    assert fresh.applied_by(config) == "launch-a"
+
+    # The first attempt trained a while; a retry of the same launch (same command, fresh=true again) resumes it.
+    (Path(checkpoint_dir(config)) / "step-10").mkdir()
+    assert fresh.set_aside_run(config, {LAUNCH_ID_ENV: "launch-a"}) == []
+    assert (Path(checkpoint_dir(config)) / "step-10").exists()
+
+    # A new launch with fresh=true starts over again; so does a plain command, every time.
+    assert len(fresh.set_aside_run(config, {LAUNCH_ID_ENV: "launch-b"})) == 1  # the checkpoints (marker inside)
+    assert fresh.applied_by(config) == "launch-b"
+    (Path(checkpoint_dir(config)) / "step-10").mkdir()
+    assert len(fresh.set_aside_run(config, {})) == 1
+    assert len(fresh.set_aside_run(config, {})) == 0  # nothing left to set aside
+    assert len(list(Path(checkpoint_dir(config)).parent.glob("once.old-*"))) == 3
+
+
+def test_fresh_sets_aside_checkpoints_in_a_bucket_once_per_launch(tmp_path):
+    """Checkpoints on object storage (the pod's case) are moved aside too, through fsspec (here its in-memory
+    filesystem), and the once-per-launch marker lives with them, where every host and every attempt sees it."""
+    config = _config(tmp_path, "bucket-run", base_path="memory://bucket/ckpt")
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/bucket/ckpt/bucket-run/step-10/metadata.json", b"{}")
+    moved = fresh.set_aside_run(config, {LAUNCH_ID_ENV: "launch-a"})
+    assert [m for m in moved if m.startswith("memory://")], moved
+    assert not fs.exists("/bucket/ckpt/bucket-run/step-10")
+    assert [p for p in fs.glob("/bucket/ckpt/bucket-run.old-*/step-10/metadata.json")]
+    fs.pipe("/bucket/ckpt/bucket-run/step-20/metadata.json", b"{}")
+    assert fresh.set_aside_run(config, {LAUNCH_ID_ENV: "launch-a"}) == []
+    assert fs.exists("/bucket/ckpt/bucket-run/step-20/metadata.json")
+    fs.rm("/bucket", recursive=True)
+
+
+def _training_module(tmp_path: Path, code: int) -> str:
+    """A stand-in for the training program: records its environment, then exits with ``code``."""
+    name = f"fake_train_{code}"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(f"""
+        import json, os, sys
+        json.dump(dict(os.environ), open({str(tmp_path / f"{name}.env.json")!r}, "w"))
+        sys.exit({code})
+    """))
+    return name
+
+
+def test_a_host_returns_a_config_error_instead_of_failing_and_passes_on_the_launch_id(tmp_path, monkeypatch):
+    """run_on_pod retries every exception a host task raises; a config error must not be one."""
+    import json
+
+    monkeypatch.setattr(host, "TRAIN_MODULE", _training_module(tmp_path, 2))
+    result = host.run_host([], str(tmp_path), None, {"HF_TOKEN": "t"}, launch_id="launch-7")
+    assert result["returncode"] == 2
+    seen = json.loads((tmp_path / "fake_train_2.env.json").read_text())
+    assert seen[LAUNCH_ID_ENV] == "launch-7" and seen["HF_TOKEN"] == "t"
+    monkeypatch.setattr(host, "TRAIN_MODULE", _training_module(tmp_path, 1))
+    with pytest.raises(host.TrainingProcessError, match="exit code 1"):  # a crash is a failure: retried
+        host.run_host([], str(tmp_path), None, {}, launch_id="launch-7")
+
+
+def test_sigterm_stops_the_private_cluster_and_the_launcher_exits_143(tmp_path, monkeypatch, capsys):
+    """143 = 128 + SIGTERM, what a shell and a job scheduler expect; 130 is Ctrl-C's."""
+    import time
+
+    from levanter_mars.infra import local_cluster
+
+    def start_then_get_terminated(temp_dir, num_hosts):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # the handler interrupts this
+        raise AssertionError("SIGTERM did not interrupt the launch")
+
+    monkeypatch.setattr(local_cluster.LocalRayCluster, "start", staticmethod(start_then_get_terminated))
+    previous = signal.getsignal(signal.SIGTERM)
+    code = launch.run_on_private_cluster(None, None, 1, "test", str(tmp_path / "ray"))
+    assert code == 143, capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) == previous, "the launcher's handler was not removed"
+
+    def start_then_ctrl_c(temp_dir, num_hosts):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(local_cluster.LocalRayCluster, "start", staticmethod(start_then_ctrl_c))
+    assert launch.run_on_private_cluster(None, None, 1, "test", str(tmp_path / "ray")) == 130
+
+
+def test_the_private_clusters_client_server_proxy_is_one_of_its_processes(tmp_path):
+    """`ray start --head` leaves `python -m ray.util.client.server --address=<GCS> --mode=proxy` behind, orphaned:
+    its command line names neither the cluster's temp dir nor a /ray/ path. It outlived every private-cluster
+    launch by 50-60 s. Recognised by the cluster's own GCS address, and nobody else's proxy."""
+    import subprocess
+
+    from levanter_mars.infra.local_cluster import LocalRayCluster
+
+    cluster = LocalRayCluster(temp_dir=str(tmp_path / "lm-ray-x"), gcs_port=40001)
+
+    def proxy(gcs_port: int) -> subprocess.Popen:
+        code = "import time; time.sleep(60)"
+        args = ["ray.util.client.server", f"--address=127.0.0.1:{gcs_port}", "--port=10001", "--mode=proxy"]
+        return subprocess.Popen([sys.executable, "-c", code, *args])
+
+    own, other = proxy(40001), proxy(40002)
+    try:
+        assert own.pid in cluster._find_pids() and other.pid not in cluster._find_pids()
+        cluster.stop(grace=5)
+        assert own.wait(timeout=10) is not None and other.poll() is None
+    finally:
+        for p in (own, other):
+            p.kill()
+            p.wait()

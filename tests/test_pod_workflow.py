@@ -118,7 +118,9 @@ def test_sigterm_stops_the_private_cluster_and_the_launcher_exits_143(tmp_path, 
     monkeypatch.setattr(local_cluster.LocalRayCluster, "start", staticmethod(start_then_get_terminated))
     previous = signal.getsignal(signal.SIGTERM)
     code = launch.run_on_private_cluster(None, None, 1, "test", str(tmp_path / "ray"))
-    assert code == 143, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert code == 143, err
+    assert "interrupted: stopping the private Ray cluster" in err and f"kept in {tmp_path / 'ray'}" in err
     assert signal.getsignal(signal.SIGTERM) == previous, "the launcher's handler was not removed"
 
     def start_then_ctrl_c(temp_dir, num_hosts):

@@ -50,6 +50,8 @@ Levanter 1.2.dev1644:
 26. Ray's job config reaches the driver through an environment variable named only privately: :mod:`ray_jobs`.
 27. A task that fails to load is not named in Levanter's error (lm-eval pops its name first):
     :class:`lm_eval_harness.TaskErrorsNamed`.
+28. Levanter's loss passes a float ``where=`` mask, an error from jax 0.8 (supersedes 7):
+    :func:`levanter_loss.boolean_loss_masks`.
 
 Other pinned dependencies:
 

@@ -115,7 +115,7 @@ def _pins(path: Path) -> dict[str, str]:
 def test_docker_image_installs_the_pinned_stack_with_jax_tpu():
     dockerfile = (REPO / "infra" / "Dockerfile").read_text()
     install = next(line for line in dockerfile.splitlines() if "pip install" in line)
-    assert "-c constraints.txt" in install and '"jax[tpu]"' in install and " . " in install
+    assert "-c constraints.txt" in install and '"jax[tpu]"' in install and '".[train]"' in install
     pins = _pins(REPO / "constraints.txt")
     assert pins["jax"] == pins["jaxlib"] == "0.7.2"
     # The launcher's Ray speaks to the cluster's: the image must install the same version as this environment.

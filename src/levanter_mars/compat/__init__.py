@@ -1,4 +1,4 @@
-"""Every monkeypatch and private-name use of a dependency (Levanter, lm-eval, datasets, wandb, jax, Ray, Ray, argparse).
+"""Every monkeypatch and private-name use of a dependency (Levanter, lm-eval, datasets, wandb, jax, Ray, argparse).
 
 :data:`DEFECTS` is the index: one row per upstream defect, with the pinned version it was seen in, what goes wrong,
 what works around it, and the test that reproduces it against the installed packages, so that the day upstream fixes
@@ -68,9 +68,9 @@ DEFECTS: tuple[Defect, ...] = (
     Defect(
         7,
         LEVANTER,
-        "the LM loss passes a float where= mask, an error from jax 0.8 (jax==0.7.2 is pinned)",
-        "pyproject.toml",
-        _COMPAT + "test_defect_7_levanter_loss_uses_a_float_where_mask_which_newer_jax_rejects",
+        "the LM loss passes a float where= mask: a deprecation warning on jax 0.7, an error from jax 0.8",
+        "compat.levanter_loss.boolean_loss_masks",
+        _COMPAT + "test_defect_7_levanter_loss_passes_a_float_where_mask_and_the_workaround_casts_it",
     ),
     Defect(
         8,

@@ -1,4 +1,5 @@
-"""MARS and MARS-M as named-axis optax transformations, plus its Levanter optimizer configs."""
+"""MARS and MARS-M as named-axis optax transformations, plus their Levanter optimizer configs (registered only where
+Levanter is importable: the optimizer itself needs only jax, optax, equinox, haliax and chex)."""
 
 from levanter_mars.optim.mars import (
     ScaleByMarsState,
@@ -17,8 +18,13 @@ from levanter_mars.optim.tensor_roles import (
     register_tensor_role_rule,
     tensor_roles,
 )
+from levanter_mars.optim.levanter_registry import register_with_levanter
+
+#: Whether ``mars-adamw``, ``mars-lion``, ``mars-shampoo`` and ``mars-m`` are in Levanter's ``OptimizerConfig``.
+LEVANTER_CONFIGS_REGISTERED = register_with_levanter()
 
 __all__ = [
+    "LEVANTER_CONFIGS_REGISTERED",
     "DifferentiableObjective",
     "ScaleByMarsState",
     "TensorKind",

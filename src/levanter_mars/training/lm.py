@@ -23,6 +23,7 @@ from levanter.compat.hf_checkpoints import save_hf_checkpoint_callback
 from levanter.models.lm_model import compute_next_token_loss
 from levanter.utils.jax_utils import parameter_count
 
+from levanter_mars.compat.levanter_loss import boolean_loss_masks
 from levanter_mars.compat.levanter_models import hf_converter
 from levanter_mars.training.config import TrainLmConfig
 from levanter_mars.training.checkpointing.resume import ResumePlan
@@ -35,6 +36,7 @@ HookInstaller = Callable[[MarsTrainer, object], None]
 
 
 def train_lm(config: TrainLmConfig, *, run_info: dict, resume: Optional[ResumePlan], add_hooks: HookInstaller):
+    boolean_loss_masks()  # the training and eval losses, on jax >= 0.8 (compat entry 28)
     tokenizer = config.data.the_tokenizer
     converter = hf_converter(config.model, tokenizer)
     optimizer = config.optimizer.build(config.trainer.num_train_steps)

@@ -1,12 +1,8 @@
 """MARS and MARS-M as named-axis optax transformations, plus its Levanter optimizer configs."""
 
-from levanter_mars.optim.mars import (
-    ScaleByMarsState,
-    mars,
-    mars_param_labels,
-    scale_by_mars,
-    validate_mars_hyperparameters,
-)
+from levanter_mars.optim.hyperparameters import HyperparameterError, validate_mars_hyperparameters
+from levanter_mars.optim.mars import mars, mars_param_labels, scale_by_mars
+from levanter_mars.optim.mars_family import ScaleByMarsState
 from levanter_mars.optim.mars_m import mars_m, mars_m_roles, scale_by_mars_m
 from levanter_mars.optim.newton_schulz import newton_schulz5
 from levanter_mars.optim.objective import DifferentiableObjective, objective_gradient
@@ -20,6 +16,7 @@ from levanter_mars.optim.tensor_roles import (
 
 __all__ = [
     "DifferentiableObjective",
+    "HyperparameterError",
     "ScaleByMarsState",
     "TensorKind",
     "TensorRole",

@@ -35,8 +35,11 @@ def _check_by_building(build) -> None:
     an error names the config field instead of the argument."""
     try:
         build()
+        return
     except HyperparameterError as error:
-        raise ValueError(error.renamed(_config_field)) from None
+        message = error.renamed(_config_field)
+    # Raised outside the handler: config parsing reports the innermost exception of a chain (__context__ included).
+    raise ValueError(message)
 
 
 def _check_dtypes(config) -> None:

@@ -13,9 +13,14 @@ every backend without running it; on GPU/TPU the allocator's process-wide peak i
     python scripts/bench_optimizer.py                    # nano, GPT-2 small (124M) and medium (355M)
     python scripts/bench_optimizer.py --sizes small --optimizers adamw,mars-adamw-approx-fp32 --repeats 9
     python scripts/bench_optimizer.py --baseline-ref main  # ours also as of git ref main, timed in the same run
+    python scripts/bench_optimizer.py --sizes small --tpu v4,v5e,v5p,v6e,v5e-fsdp16 --no-timing --baseline-ref 1def919
 
 Beside the times, every row reports the update's memory traffic from the optimized HLO (XLA's bytes accessed, in
 float32 parameter-sized passes, and the buffer copies XLA inserted), so a regression shows without a timer.
+
+``--tpu TARGETS`` also compiles every update with XLA:TPU (``libtpu``, ahead of time, no TPU needed;
+:mod:`levanter_mars.bench.tpu_compile`) and adds, per target, its bytes accessed in float32 parameter passes (per
+chip), the ratio to AdamW's and the temporaries. ``--no-timing`` leaves the CPU timing out (TPU columns only).
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--optimizers", default=None, help="comma-separated optimizer names (default: all; --quick: 4)")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per optimizer (default 5; --quick: 2)")
     parser.add_argument("--baseline-ref", default=None, help="also time ours as of this git ref (named NAME@REF)")
+    parser.add_argument("--tpu", default=None, help="TPU targets to compile for: v4,v5e,v5p,v6e,v5e-fsdp16")
+    parser.add_argument("--no-timing", action="store_true", help="with --tpu: only the TPU-compiled columns")
     return parser.parse_args(argv)
 
 
@@ -55,15 +62,22 @@ def fixed_gradient(params, grads):
     return grads, quadratic
 
 
-def bench_size(size, cases, repeats: int) -> dict:
-    from levanter_mars.bench import models, speed
+def bench_size(size, cases, repeats: int, targets=(), timing: bool = True) -> dict:
+    from levanter_mars.bench import models, speed, tpu_compile
 
     model, _ = models.init_gpt2(size)
     params = models.trainable(model)
     del model
     count = models.parameter_count(params)
     report.log(f"{size.name}: {count / 1e6:.1f}M parameters")
-    rows = speed.compare(cases, params, models.like_gradients(params), fixed_gradient, repeats=repeats)
+    if timing:
+        rows = speed.compare(cases, params, models.like_gradients(params), fixed_gradient, repeats=repeats)
+    else:
+        rows = [{"optimizer": case.name, "description": case.description} for case in cases]
+    if targets:
+        compiled = tpu_compile.compare(cases, params, fixed_gradient, targets, progress=report.log)
+        for row in rows:
+            row.update(compiled[row["optimizer"]])
     return {"size": size.name, "config": size.config_file, "vocab_size": size.vocab_size, "parameters": count, "rows": rows}
 
 
@@ -96,6 +110,29 @@ def size_goals(result: dict, basis: str) -> list[dict]:
     return goals
 
 
+#: The issue-21 goals on XLA:TPU bytes accessed: ratio to AdamW's, and MARS-M's passes over Muon's.
+TPU_GOALS = {"mars-adamw-approx-fp32": 1.55, "mars-adamw-approx-bf16": 1.25}
+MARS_M_PASSES_OVER_MUON = 3.0
+
+
+def tpu_goals(result: dict, targets) -> list[dict]:
+    from levanter_mars.bench import optimizers as opt
+
+    size, by_name = result["size"], {r["optimizer"]: r for r in result["rows"]}
+    goals = []
+    for target in targets:
+        for name, limit in TPU_GOALS.items():
+            if f"{target.name}_ratio" in by_name.get(name, {}):
+                goals.append(report.goal_line(f"{size}: {name} bytes accessed / AdamW's ({target.name})",
+                                              by_name[name][f"{target.name}_ratio"], limit))
+        mars_m, muon = by_name.get("mars-m-approx-fp32", {}), by_name.get(opt.MUON, {})
+        key = f"{target.name}_passes"
+        if key in mars_m and key in muon:
+            goals.append(report.goal_line(f"{size}: mars-m-approx-fp32 passes ({target.name}; limit: Muon's + 3)",
+                                          mars_m[key], muon[key] + MARS_M_PASSES_OVER_MUON, "passes"))
+    return goals
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     report.select_platform(args.platform)
@@ -113,11 +150,18 @@ def main(argv=None) -> None:
     repeats = args.repeats or (2 if args.quick else 5)
     machine = report.machine_description()
     report.log(report.describe_machine(machine))
+    from levanter_mars.bench import tpu_compile
 
-    results = [bench_size(size, cases, repeats) for size in sizes]
+    targets = tpu_compile.select_targets(args.tpu) if args.tpu else []
+    if args.no_timing and not targets:
+        raise SystemExit("--no-timing needs --tpu (there would be nothing to report)")
+    columns = (list(speed.COLUMNS) if not args.no_timing else [speed.COLUMNS[0]]) + tpu_compile.columns(targets)
+
+    results = [bench_size(size, cases, repeats, targets, timing=not args.no_timing) for size in sizes]
 
     basis = speed.ratio_basis(machine["platform"])
-    goals = [goal for result in results for goal in size_goals(result, basis)]
+    goals = [] if args.no_timing else [goal for result in results for goal in size_goals(result, basis)]
+    goals += [goal for result in results for goal in tpu_goals(result, targets)]
 
     output = {
         "benchmark": "optimizer_update",
@@ -130,6 +174,8 @@ def main(argv=None) -> None:
         "timed": "jit(update + apply_updates), params and state donated; exact: obj_fn = 0.5*||params||^2",
         "peak_memory_source": "compiled.memory_analysis(): arguments + outputs - aliased + temporaries",
         "device_peak_bytes_in_use": device_peak_bytes(),
+        "tpu_targets": [t.name for t in targets],
+        "tpu_figures": "XLA:TPU cost_analysis bytes accessed / fp32 parameter bytes (per chip); memory_analysis temp",
         "sizes": results,
         "goals": goals,
     }
@@ -137,7 +183,7 @@ def main(argv=None) -> None:
               f"{repeats} interleaved repeats, medians; x AdamW = median of per-repeat ratios; goals on {basis} time."]
     for result in results:
         title = f"{result['size']} ({result['parameters'] / 1e6:.1f}M parameters, {result['config']}, vocab {result['vocab_size']})"
-        tables.append(report.format_table(result["rows"], speed.COLUMNS, title=title))
+        tables.append(report.format_table(result["rows"], columns, title=title))
     tables.append(report.format_table(goals, report.GOAL_COLUMNS, title="Goals"))
     report.emit(output, tables, args.json)
 

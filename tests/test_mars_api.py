@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from levanter_mars.optim import ScaleByMarsState, mars, scale_by_mars
+from levanter_mars.optim import ScaleByMarsState, mars, scale_by_mars, scale_by_mars_m
 
 
 def _params():
@@ -176,22 +176,63 @@ def test_scale_by_mars_alone_has_no_learning_rate():
     np.testing.assert_array_equal(updates["w"], jnp.ones((2, 2)))  # sign of a positive momentum
 
 
-@pytest.mark.parametrize("variant,exact", [("adamw", False), ("lion", False), ("adamw", True)])
-def test_folded_global_clip_equals_optax_clip_before_the_transform(variant, exact):
-    """``scale_by_mars(max_grad_norm=...)`` clips the incoming gradients itself (folded in, issue 14): the same
-    directions and stored previous gradient as ``optax.clip_by_global_norm`` chained before it, over several steps
-    with gradients well above the limit."""
-    params = _params()
-    folded = scale_by_mars(variant, max_grad_norm=1.0, exact=exact)
-    chained = optax.chain(optax.clip_by_global_norm(1.0), scale_by_mars(variant, max_grad_norm=1.0, exact=exact))
-    folded_state, chained_state = folded.init(params), chained.init(params)
-    for step in range(4):
-        grads = jax.tree.map(lambda x: 30.0 * (step + 1) * jnp.sin(x + step), params)
-        objective = {"obj_fn": lambda p: sum(jnp.sum(jnp.cos(x) * 20.0) for x in jax.tree.leaves(p))} if exact else {}
-        ours, folded_state = folded.update(grads, folded_state, params, **objective)
-        reference, chained_state = chained.update(grads, chained_state, params, **objective)
-        for a, b in zip(jax.tree.leaves((ours, folded_state)), jax.tree.leaves((reference, chained_state[1]))):
-            # Float rounding only (the clip is a multiplication here, a division and a multiplication in optax),
-            # relative to each tensor's largest entry as in the golden tests.
-            assert np.max(np.abs(a - b)) <= 2e-6 * max(np.max(np.abs(b)), 1e-30), (step, a, b)
+class ClippedObjective:
+    """An ``obj_fn`` whose gradient is passed through ``optax.clip_by_global_norm``: the reference for the clip that
+    exact mode applies to its second gradient (``objective_gradient`` uses ``value_and_grad`` when there is one)."""
+
+    def __init__(self, fn, max_norm):
+        self.fn, self.clip = fn, optax.clip_by_global_norm(max_norm)
+
+    def __call__(self, params):
+        return self.fn(params)
+
+    def value_and_grad(self, params):
+        value, grads = jax.value_and_grad(self.fn)(params)
+        return value, self.clip.update(grads, self.clip.init(grads))[0]
+
+
+def _objective(params):
+    return sum(jnp.sum(jnp.cos(x) * 20.0) for x in jax.tree.leaves(params))
+
+
+# (family, keyword arguments): MARS's variants and MARS-M, approx and exact.
+CLIP_CASES = {
+    "mars-adamw": (scale_by_mars, dict(variant="adamw")),
+    "mars-lion": (scale_by_mars, dict(variant="lion")),
+    "mars-adamw-exact": (scale_by_mars, dict(variant="adamw", exact=True)),
+    "mars-m": (scale_by_mars_m, dict()),
+    "mars-m-exact": (scale_by_mars_m, dict(exact=True)),
+}
+#: Gradient sizes over the steps: far above the limits, then (step 2) below both, so that the clip must act and
+#: must also leave a small gradient alone.
+GRADIENT_SCALES = (30.0, 60.0, 1e-3, 90.0)
+
+
+@pytest.mark.parametrize("max_norm", [0.3, 1.0])
+@pytest.mark.parametrize("case", sorted(CLIP_CASES))
+def test_folded_global_clip_equals_optax_clip_before_an_unclipped_transform(case, max_norm):
+    """``max_grad_norm`` (folded into the transformation, issue 14) against the reference of optax: its
+    ``clip_by_global_norm`` chained before the same transformation *without* a clip, and in exact mode an objective
+    whose gradient optax clips too. Same directions and same state (stored previous gradient included), step after
+    step; a factor off, or one ignoring ``max_norm``, fails at either limit."""
+    family, kwargs = CLIP_CASES[case]
+    exact = kwargs.get("exact", False)
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    params = {"w": jax.random.normal(keys[0], (16, 8)), "u": jax.random.normal(keys[1], (8, 24)),
+              "v": jax.random.normal(keys[2], (8,))}
+    folded = family(**kwargs, max_grad_norm=max_norm)
+    reference = optax.chain(optax.clip_by_global_norm(max_norm), family(**kwargs))
+    folded_state, reference_state = folded.init(params), reference.init(params)
+    for step, scale in enumerate(GRADIENT_SCALES):
+        grads = jax.tree.map(lambda x: scale * jnp.sin(x + step), params)
+        ours, folded_state = folded.update(grads, folded_state, params, **({"obj_fn": _objective} if exact else {}))
+        objective = {"obj_fn": ClippedObjective(_objective, max_norm)} if exact else {}
+        expected, reference_state = reference.update(grads, reference_state, params, **objective)
+        for a, b in zip(jax.tree.leaves((ours, folded_state)), jax.tree.leaves((expected, reference_state[1]))):
+            # Float rounding only (the clip is one product here, a division and a product in optax), relative to each
+            # tensor's largest entry as in the golden tests.
+            assert np.max(np.abs(a - b)) <= CLIP_TOLERANCE * max(np.max(np.abs(b)), 1e-30), (case, step, a, b)
         params = jax.tree.map(lambda p, u: p - 1e-2 * u, params, ours)
+
+
+CLIP_TOLERANCE = 2e-6

@@ -127,3 +127,54 @@ def test_per_tensor_clip_keeps_one_huge_gradient_from_wrecking_the_state():
     assert clean_mars < 0.2 * start, "the problem is solved in 80 steps"
     assert abs(spiked_mars - clean_mars) < 0.01 * start, (spiked_mars, clean_mars)
     assert spiked_adam > 2 * clean_adam, (spiked_adam, clean_adam)
+
+
+def _four_tensors(seed, scale=1.0):
+    keys = jax.random.split(jax.random.PRNGKey(seed), 4)
+    shapes = {"w1": (16, 8), "w2": (8, 24), "w3": (24, 16), "b": (24,)}
+    return {name: scale * jax.random.normal(k, shape) for k, (name, shape) in zip(keys, shapes.items())}
+
+
+CONTAINMENT_CASES = {
+    "approx": dict(),
+    "approx-bf16": dict(mu_dtype=jnp.bfloat16, prev_dtype=jnp.bfloat16),
+    "exact": dict(exact=True),
+}
+
+
+def _objective(params):
+    return sum(jnp.sum(jnp.cos(x)) for x in jax.tree.leaves(params))
+
+
+@pytest.mark.parametrize("case", sorted(CONTAINMENT_CASES))
+def test_a_nonfinite_gradient_in_one_tensor_is_contained(case):
+    """NaN in one tensor's gradient, jitted as in training. Guarded (global clip on, as in the configs): the step is
+    skipped and no state changes. Unguarded and without the global clip (so the tensors' updates are independent):
+    every other tensor's direction and state are exactly those of the same step with that gradient finite, i.e. the
+    NaN does not leak through anything the update adds between tensors."""
+    kwargs, params = CONTAINMENT_CASES[case], _four_tensors(0)
+    extra = {"obj_fn": _objective} if kwargs.get("exact") else {}
+    poisoned = _four_tensors(2)
+    poisoned["w1"] = poisoned["w1"].at[3, 2].set(jnp.nan)
+
+    guarded = skip_nonfinite_updates(mars(1e-2, max_grad_norm=1.0, **kwargs))
+    step = jax.jit(lambda g, s, p: guarded.update(g, s, p, **extra))
+    _, state = step(_four_tensors(1), guarded.init(params), params)
+    updates, after = step(poisoned, state, params)
+    assert int(after.skipped_steps) == 1
+    assert all(bool(jnp.all(u == 0)) for u in jax.tree.leaves(updates))
+    assert _tree_equal(after.inner_state, state.inner_state), "no state changes on a skipped step"
+
+    plain = mars(1e-2, max_grad_norm=None, **kwargs)
+    step = jax.jit(lambda g, s, p: plain.update(g, s, p, **extra))
+    _, state = step(_four_tensors(1), plain.init(params), params)
+    healthy = {**poisoned, "w1": _four_tensors(2)["w1"]}
+    got, got_state = step(poisoned, state, params)
+    want, want_state = step(healthy, state, params)
+    got_state, want_state = _mars_state(got_state), _mars_state(want_state)
+    for name in ("w2", "w3", "b"):
+        for a, b in ((got, want), (got_state.mu, want_state.mu), (got_state.nu, want_state.nu),
+                     (got_state.prev, want_state.prev)):
+            assert _tree_equal(a[name], b[name]), (case, name)
+            assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(a[name])), (case, name)
+    assert not bool(jnp.all(jnp.isfinite(got["w1"]))), "the poisoned tensor itself is not finite (no masking)"

@@ -76,3 +76,30 @@ ENTRY %main (a: f32[8,16], b: bf16[3]) -> (f32[8,16], bf16[3]) {
 }
 """
     assert entry_copies(text) == [8 * 16 * 4, 3 * 2]  # copy.3 is a transpose, copy.4 a scalar's
+
+
+@pytest.fixture(scope="module")
+def tpu_figures():
+    """The update benchmark's ``--tpu`` figures (XLA:TPU compiled ahead of time by libtpu, no TPU needed) on GPT-2
+    small's parameter shapes, one v5e chip."""
+    pytest.importorskip("libtpu", reason="the TPU compiler (libtpu, jax's tpu extra) is not installed")
+    from levanter_mars.bench import models, tpu_compile
+
+    params = tpu_compile.abstract_gpt2_parameters(models.SIZES["small"])
+    cases = opt.select("adamw,mars-adamw-approx-fp32,mars-adamw-approx-bf16", [])
+    targets = tpu_compile.select_targets("v5e")
+    return tpu_compile.compare(cases, params, lambda params, grads: (grads, None), targets, progress=lambda m: None)
+
+
+@pytest.mark.slow
+def test_tpu_compiled_mars_update_moves_at_most_its_ideal_over_adamw(tpu_figures):
+    """On XLA:TPU, MARS-AdamW approx adds to AdamW's traffic no more than the passes it must make
+    (docs/benchmarks.md), plus half a pass: fp32: read g and the previous gradient for the norm, read and write the
+    previous gradient (4 passes); bf16 buffers: the previous gradient and the first moment in half the bytes (1.5
+    passes, 9.5 against 8). The code of 1def919 made 16.10 and 13.65 passes against AdamW's 8.71 here, and fails."""
+    adamw = tpu_figures[opt.ADAMW]["v5e_passes"]
+    assert tpu_figures["mars-adamw-approx-fp32"]["v5e_passes"] <= adamw + 4 + 0.5, tpu_figures
+    assert tpu_figures["mars-adamw-approx-bf16"]["v5e_passes"] <= adamw + 1.5 + 0.5, tpu_figures
+    assert tpu_figures[opt.ADAMW]["v5e_ratio"] == 1.0
+    for name, row in tpu_figures.items():
+        assert row["v5e_copy_mib"] == 0, (name, row)

@@ -95,17 +95,33 @@ def building_block_gathers() -> dict[str, list[str]]:
     (``jnp.vdot``, ``ravel(x)[0]``) makes XLA gather the whole matrix onto every device."""
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from levanter_mars.optim.per_tensor import after
-    from levanter_mars.optim.update_rules import squared_norm
+    from levanter_mars.optim.fewer_passes import corrected_gradient_and_norm, ordered_on_cpu, squared_norm
 
     mesh = Mesh(np.array(jax.devices()), ("devices",))
     w = jax.device_put(jnp.ones((256, 1024)), NamedSharding(mesh, PartitionSpec(None, "devices")))
-    return {name: _all_gathers(jax.jit(f).lower(w).compile()) for name, f in (("squared_norm", squared_norm),
-                                                                             ("after", after))}
+    blocks = {
+        "squared_norm": squared_norm,
+        "corrected_gradient_and_norm": lambda w: corrected_gradient_and_norm(w, 2 * w, 0.025, 0.95, clips=(1.0, 1.0)),
+        "ordered_on_cpu": lambda w: ordered_on_cpu(jnp.ones([]), w) * w,
+    }
+    return {name: _all_gathers(jax.jit(f).lower(w).compile()) for name, f in blocks.items()}
 
 
 def sharding_specs(tree):
     return [x.array.sharding.spec for x in jax.tree.leaves(tree, is_leaf=hax.is_named_array) if hax.is_named_array(x)]
+
+
+def specs_by_path(tree) -> dict[str, object]:
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=hax.is_named_array)
+    return {jax.tree_util.keystr(path): x.array.sharding.spec for path, x in flat if hax.is_named_array(x)}
+
+
+def buffer_sharding_mismatches(buffer, params) -> dict:
+    """Leaves of an optimizer buffer (absent leaves left out) whose sharding is not their parameter's, by path; and
+    how many were compared (a buffer that is absent everywhere would compare none)."""
+    ours, theirs = specs_by_path(buffer), specs_by_path(params)
+    mismatched = {path: (str(spec), str(theirs.get(path))) for path, spec in ours.items() if theirs.get(path) != spec}
+    return {"compared": len(ours), "mismatched": mismatched}
 
 
 def main():
@@ -147,8 +163,7 @@ def main():
             "max_rel_diff": max(diffs),
             "params_are_sharded": any(any(p is not None for p in spec) for spec in param_specs),
             "mu_sharded_like_params": sharding_specs(mars_state.mu) == param_specs,
-            "prev_sharded_like_params": kwargs.get("exact", False) is False
-            or sharding_specs(mars_state.prev) == param_specs,
+            "prev_sharding": buffer_sharding_mismatches(mars_state.prev, multi),
         }
     if family == "mars":
         results["building_block_gathers"] = building_block_gathers()

@@ -1,13 +1,9 @@
 """MARS and MARS-M as named-axis optax transformations, plus their Levanter optimizer configs (registered only where
 Levanter is importable: the optimizer itself needs only jax, optax, equinox, haliax and chex)."""
 
-from levanter_mars.optim.mars import (
-    ScaleByMarsState,
-    mars,
-    mars_param_labels,
-    scale_by_mars,
-    validate_mars_hyperparameters,
-)
+from levanter_mars.optim.hyperparameters import HyperparameterError, validate_mars_hyperparameters
+from levanter_mars.optim.mars import mars, mars_param_labels, scale_by_mars
+from levanter_mars.optim.mars_family import ScaleByMarsState
 from levanter_mars.optim.mars_m import mars_m, mars_m_roles, scale_by_mars_m
 from levanter_mars.optim.newton_schulz import newton_schulz5
 from levanter_mars.optim.objective import DifferentiableObjective, objective_gradient
@@ -26,6 +22,7 @@ LEVANTER_CONFIGS_REGISTERED = register_with_levanter()
 __all__ = [
     "LEVANTER_CONFIGS_REGISTERED",
     "DifferentiableObjective",
+    "HyperparameterError",
     "ScaleByMarsState",
     "TensorKind",
     "TensorRole",

@@ -17,14 +17,26 @@ def evaluate(value: ScalarOrSchedule, count: jax.Array) -> Any:
     return value(count) if callable(value) else value
 
 
+class HyperparameterError(ValueError):
+    """An out-of-range hyperparameter: ``"<argument> <requirement>, got <value>"``.
+
+    :meth:`renamed` gives the same message under the name the user wrote (a config field), so that the checks live
+    only where the transformation is built and configs only map names.
+    """
+
+    def __init__(self, argument: str, requirement: str, value: Any):
+        self.argument, self.requirement, self.value = argument, requirement, value
+        super().__init__(self.renamed(lambda name: name))
+
+    def renamed(self, field_name: Callable[[str], str]) -> str:
+        return f"{field_name(self.argument)} {self.requirement}, got {self.value!r}"
+
+
 class _Checker:
     """Fails on the first out-of-range value. Schedules and traced values are not checked."""
 
-    def __init__(self, field_name: Callable[[str], str] | None):
-        self.shown = field_name or (lambda name: name)
-
     def fail(self, name: str, requirement: str, value: Any) -> None:
-        raise ValueError(f"{self.shown(name)} {requirement}, got {value!r}")
+        raise HyperparameterError(name, requirement, value)
 
     def beta(self, name: str, value: Any) -> None:
         if isinstance(value, numbers.Real) and not 0.0 <= value < 1.0:
@@ -44,41 +56,26 @@ class _Checker:
 
 
 def validate_mars_hyperparameters(
-    *,
-    variant: str,
-    b1: Any,
-    b2: Any,
-    eps: Any,
-    gamma: Any,
-    b1_1d: Any = 0.9,
-    b2_1d: Any = 0.95,
-    learning_rate: Any = 0.0,
-    learning_rate_1d: Any = 0.0,
-    weight_decay: Any = 0.0,
-    weight_decay_1d: Any = 0.0,
-    max_grad_norm: Any = None,
-    field_name: Callable[[str], str] | None = None,
+    *, variant: str, b1: Any, b2: Any, eps: Any, gamma: Any, b1_1d: Any, b2_1d: Any, max_grad_norm: Any
 ) -> None:
-    """Raises ``ValueError`` naming the first MARS hyperparameter that is out of range.
-
-    ``field_name`` maps these argument names to the names the user wrote (e.g. ``"b1" -> "optimizer.beta1"``), so
-    that a config error points at the config field. Schedules and traced values are not checked.
-    """
-    check = _Checker(field_name)
+    """Raises :class:`HyperparameterError` naming the first argument of
+    :func:`~levanter_mars.optim.mars.scale_by_mars` that is out of range (schedules and traced values are not
+    checked). Called once, where the transformation is built."""
+    check = _Checker()
     if variant not in VARIANTS:
         check.fail("variant", f"must be one of {VARIANTS}", variant)
     for name, value in (("b1", b1), ("b2", b2), ("b1_1d", b1_1d), ("b2_1d", b2_1d)):
         check.beta(name, value)
     check.gamma(gamma)
-    for name, value in (
-        ("eps", eps),
-        ("learning_rate", learning_rate),
-        ("learning_rate_1d", learning_rate_1d),
-        ("weight_decay", weight_decay),
-        ("weight_decay_1d", weight_decay_1d),
-    ):
-        check.non_negative(name, value)
+    check.non_negative("eps", eps)
     check.max_grad_norm(max_grad_norm)
+
+
+def validate_step_sizes(**values: Any) -> None:
+    """Learning rates and weight decays (by argument name) must be >= 0 and finite; schedules are not checked."""
+    check = _Checker()
+    for name, value in values.items():
+        check.non_negative(name, value)
 
 
 def validate_mars_m_hyperparameters(
@@ -88,17 +85,15 @@ def validate_mars_m_hyperparameters(
     eps: Any,
     b1_adamw: Any = 0.9,
     b2_adamw: Any = 0.95,
-    learning_rate: Any = 0.0,
-    weight_decay: Any = 0.0,
     ns_steps: Any = 5,
     exact: bool = False,
     efficient: bool = False,
     max_grad_norm: Any = None,
-    field_name: Callable[[str], str] | None = None,
 ) -> None:
-    """Raises ``ValueError`` naming the first MARS-M hyperparameter that is out of range (see
+    """Raises :class:`HyperparameterError` naming the first argument of
+    :func:`~levanter_mars.optim.mars_m.scale_by_mars_m` that is out of range (see
     :func:`validate_mars_hyperparameters`)."""
-    check = _Checker(field_name)
+    check = _Checker()
     if exact and efficient:
         check.fail("efficient", "cannot be combined with exact=True (the efficient form keeps no previous "
                    "gradient to correct with)", efficient)
@@ -107,8 +102,7 @@ def validate_mars_m_hyperparameters(
     if efficient and isinstance(b1, numbers.Real) and b1 == 0.0:
         check.fail("b1", "must be > 0 with efficient=True (its buffer is scaled by (1 - b1) / b1)", b1)
     check.gamma(gamma)
-    for name, value in (("eps", eps), ("learning_rate", learning_rate), ("weight_decay", weight_decay)):
-        check.non_negative(name, value)
+    check.non_negative("eps", eps)
     if not (isinstance(ns_steps, numbers.Integral) and not isinstance(ns_steps, bool) and ns_steps >= 1):
         check.fail("ns_steps", "must be an integer >= 1", ns_steps)
     check.max_grad_norm(max_grad_norm)

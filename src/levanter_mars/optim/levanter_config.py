@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import optax
 from levanter.optim import OptimizerConfig
 
-from levanter_mars.optim.hyperparameters import validate_mars_m_hyperparameters
-from levanter_mars.optim.mars import mars, validate_mars_hyperparameters
+from levanter_mars.optim.hyperparameters import HyperparameterError
+from levanter_mars.optim.mars import mars
 from levanter_mars.optim.mars_m import mars_m
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -28,6 +28,18 @@ _FIELD_OF_ARGUMENT = {"variant": "type", "b1": "beta1", "b2": "beta2", "eps": "e
 
 def _config_field(name: str) -> str:
     return f"optimizer.{_FIELD_OF_ARGUMENT.get(name, name)}"
+
+
+def _check_by_building(build) -> None:
+    """Builds the transformation (no compilation), so that its own checks, the only ones, run as the config is read;
+    an error names the config field instead of the argument."""
+    try:
+        build()
+        return
+    except HyperparameterError as error:
+        message = error.renamed(_config_field)
+    # Raised outside the handler: config parsing reports the innermost exception of a chain (__context__ included).
+    raise ValueError(message)
 
 
 def _check_dtypes(config) -> None:
@@ -85,51 +97,35 @@ class MarsOptimizerConfig(MarsFamilyConfig, abc.ABC):
 
     def __post_init__(self):
         super().__post_init__()
-        validate_mars_hyperparameters(
-            variant=self.variant,
-            b1=self.beta1,
-            b2=self.beta2,
-            eps=self.epsilon,
-            gamma=self.gamma,
-            b1_1d=self.beta1_1d,
-            b2_1d=self.beta2_1d,
-            learning_rate=self.learning_rate,
-            learning_rate_1d=self.learning_rate_1d,
-            weight_decay=self.weight_decay,
-            weight_decay_1d=self.weight_decay_1d,
-            max_grad_norm=self.max_grad_norm,
-            field_name=_config_field,
-        )
+        _check_by_building(lambda: self._mars(self.learning_rate, self.learning_rate_1d, self.gamma))
 
     @property
     def peak_learning_rate_1d(self) -> float:
         return self.learning_rate / 2 if self.learning_rate_1d is None else self.learning_rate_1d
 
+    def _mars(self, learning_rate, learning_rate_1d, gamma) -> optax.GradientTransformationExtraArgs:
+        return mars(
+            learning_rate,
+            variant=self.variant,
+            b1=self.beta1,
+            b2=self.beta2,
+            eps=self.epsilon,
+            gamma=gamma,
+            weight_decay=self.weight_decay,
+            weight_decay_mask=self.build_weight_decay_mask(),
+            exact=self.exact,
+            optimize_1d=self.optimize_1d,
+            learning_rate_1d=learning_rate_1d,
+            b1_1d=self.beta1_1d,
+            b2_1d=self.beta2_1d,
+            weight_decay_1d=self.weight_decay_1d,
+            mu_dtype=_dtype(self.mu_dtype),
+            prev_dtype=_dtype(self.prev_dtype),
+            max_grad_norm=self.max_grad_norm,
+        )
+
     def build(self, num_train_steps: int) -> optax.GradientTransformationExtraArgs:
-        weight_decay_mask = self.build_weight_decay_mask()
-
-        def _optimizer(learning_rate, learning_rate_1d, gamma):
-            return mars(
-                learning_rate,
-                variant=self.variant,
-                b1=self.beta1,
-                b2=self.beta2,
-                eps=self.epsilon,
-                gamma=gamma,
-                weight_decay=self.weight_decay,
-                weight_decay_mask=weight_decay_mask,
-                exact=self.exact,
-                optimize_1d=self.optimize_1d,
-                learning_rate_1d=learning_rate_1d,
-                b1_1d=self.beta1_1d,
-                b2_1d=self.beta2_1d,
-                weight_decay_1d=self.weight_decay_1d,
-                mu_dtype=_dtype(self.mu_dtype),
-                prev_dtype=_dtype(self.prev_dtype),
-                max_grad_norm=self.max_grad_norm,
-            )
-
-        return optax.inject_hyperparams(_optimizer)(
+        return optax.inject_hyperparams(self._mars)(
             learning_rate=self.lr_scheduler(num_train_steps),
             learning_rate_1d=self.lr_scheduler(num_train_steps, override_lr=self.peak_learning_rate_1d),
             gamma=self.gamma,
@@ -192,40 +188,27 @@ class MarsMConfig(MarsFamilyConfig):
                     f"optimizer.{name} is not supported by mars-m: it decays every tensor with weight_decay, as the "
                     f"official trainer does; got {getattr(self, name)!r}"
                 )
-        validate_mars_m_hyperparameters(
+        _check_by_building(lambda: self._mars_m(self.learning_rate, self.gamma))
+
+    def _mars_m(self, learning_rate, gamma) -> optax.GradientTransformationExtraArgs:
+        return mars_m(
+            learning_rate,
             b1=self.beta1,
-            gamma=self.gamma,
-            eps=self.epsilon,
-            b1_adamw=self.beta1_adamw,
-            b2_adamw=self.beta2_adamw,
-            learning_rate=self.learning_rate,
+            gamma=gamma,
             weight_decay=self.weight_decay,
-            ns_steps=self.ns_steps,
             exact=self.exact,
             efficient=self.efficient,
+            ns_steps=self.ns_steps,
+            b1_adamw=self.beta1_adamw,
+            b2_adamw=self.beta2_adamw,
+            eps=self.epsilon,
+            mu_dtype=_dtype(self.mu_dtype),
+            prev_dtype=_dtype(self.prev_dtype),
             max_grad_norm=self.max_grad_norm,
-            field_name=_config_field,
         )
 
     def build(self, num_train_steps: int) -> optax.GradientTransformationExtraArgs:
-        def _optimizer(learning_rate, gamma):
-            return mars_m(
-                learning_rate,
-                b1=self.beta1,
-                gamma=gamma,
-                weight_decay=self.weight_decay,
-                exact=self.exact,
-                efficient=self.efficient,
-                ns_steps=self.ns_steps,
-                b1_adamw=self.beta1_adamw,
-                b2_adamw=self.beta2_adamw,
-                eps=self.epsilon,
-                mu_dtype=_dtype(self.mu_dtype),
-                prev_dtype=_dtype(self.prev_dtype),
-                max_grad_norm=self.max_grad_norm,
-            )
-
-        return optax.inject_hyperparams(_optimizer)(learning_rate=self.lr_scheduler(num_train_steps), gamma=self.gamma)
+        return optax.inject_hyperparams(self._mars_m)(learning_rate=self.lr_scheduler(num_train_steps), gamma=self.gamma)
 
 
 #: The MARS instantiations (sharing :class:`MarsOptimizerConfig`'s fields); MARS-M is registered as ``mars-m``.

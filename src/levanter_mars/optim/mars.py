@@ -29,51 +29,31 @@ AdamW form for them). The full update applied to the parameters is
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import optax
-from optax import tree_utils as otu
 
+from levanter_mars.optim.fewer_passes import corrected_gradient_and_norm, ordered_on_cpu
 from levanter_mars.optim.hyperparameters import (
     ScalarOrSchedule,
     evaluate,
     validate_mars_hyperparameters,
+    validate_step_sizes,
 )
-from levanter_mars.optim.per_tensor import ABSENT
-from levanter_mars.optim.step import ScaleByMarsState, initial_previous, mars_family_update
+from levanter_mars.optim.mars_family import (
+    ScaleByMarsState,
+    global_clip_scale,
+    initial_state,
+    mars_family_step,
+    previous_gradient,
+)
 from levanter_mars.optim.tensor_roles import TensorRole, map_roles, tensor_roles
-from levanter_mars.optim.update_rules import (
-    MatrixLayout,
-    adam,
-    clip_to_unit_norm,
-    corrected_gradient,
-    momentum,
-    orthogonalize,
-)
+from levanter_mars.optim.update_rules import mars_adam_direction, orthogonalize, shampoo_scale
 
 MARS_LABEL = "mars"
 ADAMW_1D_LABEL = "adamw_1d"
-
-
-# The directions MARS-AdamW (update_rules.adam on c) does not share. Each takes the float32 arrays of one layer of one
-# tensor and returns (direction, m, v); ``c`` is the clipped corrected gradient.
-
-
-def mars_lion(c, m, v, *, b1):
-    """MARS-Lion: the sign of the momentum."""
-    m = momentum(m, c, b1)
-    return jnp.sign(m), m, v
-
-
-def mars_shampoo(c, m, v, layout: MatrixLayout, *, b1):
-    """MARS-Shampoo: NS5(m / (1 - b1)) * sqrt(max(1, rows / cols))."""
-    m = momentum(m, c, b1)
-    # m * (1/(1-b1)) rather than m/(1-b1): the reference rescales this way, and NS5 amplifies last bits.
-    direction = orthogonalize(m * (1.0 / (1.0 - b1)), layout) * max(1.0, layout.rows / layout.cols) ** 0.5
-    return direction, m, v
 
 
 def _uses_mars(role: TensorRole, optimize_1d: bool) -> bool:
@@ -115,9 +95,8 @@ def scale_by_mars(
         b1_1d, b2_1d: betas of the vector tensors' AdamW.
         max_grad_norm: if set, clip the incoming gradients to this global norm, as ``optax.clip_by_global_norm``
             would (the official trainer uses 1.0), and store the clipped gradient as the previous one; in exact mode
-            the gradient at the previous parameters is clipped the same way. The clip is folded into this
-            transformation (a scalar factor applied as the gradient is read) so that no clipped copy of the gradients
-            is written to memory; chaining ``optax.clip_by_global_norm`` before it as well is harmless but wasteful.
+            the gradient at the previous parameters is clipped the same way. The clip is a scalar factor applied as
+            the gradient is read, so no clipped copy of the gradients is written to memory.
         mu_dtype: dtype of the first moment (e.g. ``jnp.bfloat16``); ``None`` keeps the parameters' dtype.
         prev_dtype: dtype of the stored previous gradient (approx) or previous parameters (exact).
 
@@ -134,38 +113,45 @@ def scale_by_mars(
         return _uses_mars(role, optimize_1d)
 
     def init_fn(params: optax.Params) -> ScaleByMarsState:
-        roles = tensor_roles(params)
-        mu = map_roles(lambda role, p: otu.tree_zeros_like(p, dtype=mu_dtype), roles, params)
-        nu = map_roles(
-            lambda role, p: otu.tree_zeros_like(p) if _uses_second_moment(role, variant, optimize_1d) else ABSENT,
-            roles,
-            params,
+        return initial_state(
+            params, tensor_roles(params), exact=exact, corrected=corrected, mu_dtype=mu_dtype, prev_dtype=prev_dtype,
+            has_second_moment=lambda role: _uses_second_moment(role, variant, optimize_1d),
         )
-        prev = initial_previous(params, roles, exact=exact, corrected=corrected, prev_dtype=prev_dtype)
-        return ScaleByMarsState(count=jnp.zeros([], jnp.int32), mu=mu, nu=nu, prev=prev)
 
-    def rule_for(role: TensorRole, t: jax.Array, gamma_t: Any):
-        if not _uses_mars(role, optimize_1d):
-            # Vector tensors' separate AdamW, on the raw gradient.
-            return lambda g, m, v, g_prev, layout: adam(g, m, v, t=t, b1=b1_1d, b2=b2_1d, eps=eps)
-
-        def mars_rule(g, m, v, g_prev, layout):
-            c = clip_to_unit_norm(corrected_gradient(g, g_prev, gamma_t, b1))
-            if variant == "lion":
-                return mars_lion(c, m, v, b1=b1)
-            if variant == "shampoo" and role.is_matrix:
-                return mars_shampoo(c, m, v, layout, b1=b1)
-            return adam(c, m, v, t=t, b1=b1, b2=b2, eps=eps)  # MARS-AdamW
-
-        return mars_rule
-
-    def update_fn(updates, state: ScaleByMarsState, params=None, *, obj_fn=None, **extra_args):
+    def update_fn(grads, state: ScaleByMarsState, params=None, *, obj_fn=None, **extra_args):
         del extra_args
-        rules = functools.partial(rule_for, t=optax.safe_increment(state.count), gamma_t=evaluate(gamma, state.count))
-        return mars_family_update(
-            rules, tensor_roles(updates), updates, state, params, obj_fn, exact=exact,
-            corrected=corrected, max_grad_norm=max_grad_norm, prev_dtype=prev_dtype,
-        )
+        roles = tensor_roles(grads)
+        t, gamma_t = optax.safe_increment(state.count), evaluate(gamma, state.count)
+        clip = global_clip_scale(grads, max_grad_norm)
+        previous = previous_gradient(state, params, obj_fn, exact=exact, corrected=corrected, roles=roles,
+                                     max_grad_norm=max_grad_norm)
+
+        # One layer of one tensor, in float32: (direction, m_t, v_t, the gradient kept as the next g~_{t-1}).
+        def mars_layer(layout, g, m, v, g_prev):
+            # c_t = g_t + gamma * b1 / (1 - b1) * (g_t - g~_{t-1}), of the globally clipped gradients, and ||c_t||
+            c, c_norm = corrected_gradient_and_norm(g, g_prev, gamma_t, b1, clips=(clip, previous.clip))
+            c = c * (1.0 / jnp.maximum(1.0, c_norm))  # c_t / max(1, ||c_t||) (a product: XLA:CPU writes quotients out)
+            m = b1 * m + (1 - b1) * c
+            if variant == "lion":
+                direction = jnp.sign(m)
+            elif variant == "shampoo" and layout.role.is_matrix:
+                # m * (1/(1-b1)), not m/(1-b1): the reference rescales this way, and NS5 amplifies last bits.
+                direction = orthogonalize(m * (1.0 / (1.0 - b1)), layout) * shampoo_scale(layout)
+            else:  # MARS-AdamW, and MARS-Shampoo's vectors
+                v = b2 * v + (1 - b2) * c**2
+                direction = mars_adam_direction(m, v, t, b1, b2, eps)
+            return direction, m, v, ordered_on_cpu(clip, m, v) * g
+
+        def adamw_1d_layer(layout, g, m, v, g_prev):
+            g = clip * g
+            m = b1_1d * m + (1 - b1_1d) * g
+            v = b2_1d * v + (1 - b2_1d) * g**2
+            return mars_adam_direction(m, v, t, b1_1d, b2_1d, eps), m, v, None
+
+        def update_for(role: TensorRole):
+            return mars_layer if _uses_mars(role, optimize_1d) else adamw_1d_layer
+
+        return mars_family_step(update_for, roles, grads, state, params, previous, exact=exact)
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -255,22 +241,10 @@ def mars(
     """
     if learning_rate_1d is None:
         learning_rate_1d = _halved(learning_rate)
-    validate_mars_hyperparameters(
-        variant=variant,
-        b1=b1,
-        b2=b2,
-        eps=eps,
-        gamma=gamma,
-        b1_1d=b1_1d,
-        b2_1d=b2_1d,
-        learning_rate=learning_rate,
-        learning_rate_1d=learning_rate_1d,
-        weight_decay=weight_decay,
-        weight_decay_1d=weight_decay_1d,
-        max_grad_norm=max_grad_norm,
-    )
+    validate_step_sizes(learning_rate=learning_rate, learning_rate_1d=learning_rate_1d, weight_decay=weight_decay,
+                        weight_decay_1d=weight_decay_1d)
     return optax.chain(
-        optax.identity(),  # the global clip, folded into scale_by_mars; kept so the state's layout is unchanged
+        optax.identity(),  # layout of checkpoints: the slot of a global clip that scale_by_mars now folds in
         scale_by_mars(
             variant,
             b1,

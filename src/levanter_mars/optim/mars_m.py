@@ -1,7 +1,7 @@
 r"""MARS-M: MARS on matrix level (Liu et al., arXiv 2510.21800), matching the official code (AGI-Arena/MARS, ``MARS_M/``).
 
 For every *matrix* tensor (rows = ``Out`` axes, cols = ``In`` axes, per layer; see :func:`mars_m_roles`) at step
-:math:`t`, with :math:`c_t` and :math:`m_t` exactly as in MARS (:mod:`levanter_mars.optim.update_rules`):
+:math:`t`, with :math:`c_t` and :math:`m_t` exactly as in MARS (:mod:`levanter_mars.optim.mars`):
 
 .. math::
 
@@ -21,48 +21,32 @@ no previous gradient: its state is Muon's. With :math:`\gamma = 0` MARS-M is Moo
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import haliax as hax
 import jax
 import jax.numpy as jnp
 import optax
-from optax import tree_utils as otu
 
-from levanter_mars.optim.hyperparameters import ScalarOrSchedule, evaluate, validate_mars_m_hyperparameters
-from levanter_mars.optim.per_tensor import ABSENT
-from levanter_mars.optim.step import ScaleByMarsState, initial_previous, mars_family_update
-from levanter_mars.optim.tensor_roles import TensorKind, TensorRole, is_role, map_roles, tensor_roles
-from levanter_mars.optim.update_rules import (
-    MatrixLayout,
-    adam,
-    adamw_direction,
-    clip_to_unit_norm,
-    corrected_gradient,
-    momentum,
-    orthogonalize,
+from levanter_mars.optim.fewer_passes import corrected_gradient_and_norm, ordered_on_cpu
+from levanter_mars.optim.hyperparameters import (
+    ScalarOrSchedule,
+    evaluate,
+    validate_mars_m_hyperparameters,
+    validate_step_sizes,
 )
+from levanter_mars.optim.mars_family import (
+    ScaleByMarsState,
+    global_clip_scale,
+    initial_state,
+    mars_family_step,
+    previous_gradient,
+)
+from levanter_mars.optim.tensor_roles import TensorKind, TensorRole, is_role, map_roles, tensor_roles
+from levanter_mars.optim.update_rules import mars_m_adam_direction, moonlight_scale, orthogonalize
 
 #: Axis names of an output vocabulary; an ``Embedding``'s ``Vocab`` axes count too.
 VOCAB_AXIS_NAMES = frozenset({"vocab"})
-
-
-def moonlight_scale(layout: MatrixLayout) -> float:
-    """0.2 * sqrt(max(rows, cols)): matches the update's RMS to AdamW's (Moonlight, arXiv 2502.16982)."""
-    return 0.2 * max(layout.rows, layout.cols) ** 0.5
-
-
-def mars_m_direction(c, m, v, layout: MatrixLayout, *, b1, ns_steps):
-    """MARS-M: the momentum of the clipped corrected gradient, orthogonalized and scaled."""
-    m = momentum(m, c, b1)
-    return moonlight_scale(layout) * orthogonalize(m, layout, ns_steps), m, v
-
-
-def mars_m_efficient_direction(g, m, v, layout: MatrixLayout, *, b1, gamma, ns_steps):
-    """MARS-M-efficient: m_t without the clip, rebuilt from one buffer and the current gradient."""
-    m = b1 * m + ((1.0 - gamma) * (1.0 - b1) / b1) * g
-    return moonlight_scale(layout) * orthogonalize(gamma * g + b1 * m, layout, ns_steps), m, v
 
 
 def _with_kind(role: TensorRole, matrix: bool) -> TensorRole:
@@ -135,35 +119,45 @@ def scale_by_mars_m(
         return role.is_matrix and not efficient
 
     def init_fn(params: optax.Params) -> ScaleByMarsState:
-        roles = mars_m_roles(params, matrix_mask)
-        mu = map_roles(lambda role, p: otu.tree_zeros_like(p, dtype=mu_dtype), roles, params)
-        nu = map_roles(lambda role, p: ABSENT if role.is_matrix else otu.tree_zeros_like(p), roles, params)
-        prev = initial_previous(params, roles, exact=exact, corrected=corrected, prev_dtype=prev_dtype)
-        return ScaleByMarsState(count=jnp.zeros([], jnp.int32), mu=mu, nu=nu, prev=prev)
-
-    def rule_for(role: TensorRole, t: jax.Array, gamma_t: Any):
-        if not role.is_matrix:
-            return lambda g, m, v, g_prev, layout: adam(
-                g, m, v, t=t, b1=b1_adamw, b2=b2_adamw, eps=eps, direction=adamw_direction
-            )
-        if efficient:
-            return lambda g, m, v, g_prev, layout: mars_m_efficient_direction(
-                g, m, v, layout, b1=b1, gamma=gamma_t, ns_steps=ns_steps
-            )
-
-        def matrix_rule(g, m, v, g_prev, layout):
-            c = clip_to_unit_norm(corrected_gradient(g, g_prev, gamma_t, b1))
-            return mars_m_direction(c, m, v, layout, b1=b1, ns_steps=ns_steps)
-
-        return matrix_rule
-
-    def update_fn(updates, state: ScaleByMarsState, params=None, *, obj_fn=None, **extra_args):
-        del extra_args
-        rules = functools.partial(rule_for, t=optax.safe_increment(state.count), gamma_t=evaluate(gamma, state.count))
-        return mars_family_update(
-            rules, mars_m_roles(updates, matrix_mask), updates, state, params, obj_fn, exact=exact,
-            corrected=corrected, max_grad_norm=max_grad_norm, prev_dtype=prev_dtype,
+        return initial_state(
+            params, mars_m_roles(params, matrix_mask), exact=exact, corrected=corrected, mu_dtype=mu_dtype,
+            prev_dtype=prev_dtype, has_second_moment=lambda role: not role.is_matrix,
         )
+
+    def update_fn(grads, state: ScaleByMarsState, params=None, *, obj_fn=None, **extra_args):
+        del extra_args
+        roles = mars_m_roles(grads, matrix_mask)
+        t, gamma_t = optax.safe_increment(state.count), evaluate(gamma, state.count)
+        clip = global_clip_scale(grads, max_grad_norm)
+        previous = previous_gradient(state, params, obj_fn, exact=exact, corrected=corrected, roles=roles,
+                                     max_grad_norm=max_grad_norm)
+
+        # One layer of one tensor, in float32: (direction, m_t, v_t, the gradient kept as the next g~_{t-1}).
+        def mars_m_layer(layout, g, m, v, g_prev):
+            # c_t = g_t + gamma * b1 / (1 - b1) * (g_t - g~_{t-1}), of the globally clipped gradients, and ||c_t||
+            c, c_norm = corrected_gradient_and_norm(g, g_prev, gamma_t, b1, clips=(clip, previous.clip))
+            c = c * (1.0 / jnp.maximum(1.0, c_norm))  # c_t / max(1, ||c_t||) (a product: XLA:CPU writes quotients out)
+            m = b1 * m + (1 - b1) * c
+            return moonlight_scale(layout) * orthogonalize(m, layout, ns_steps), m, v, ordered_on_cpu(clip, m) * g
+
+        def efficient_layer(layout, g, m, v, g_prev):
+            # b_t = b1 b_{t-1} + (1-gamma)(1-b1)/b1 g_t; gamma g_t + b1 b_t is m_t without the clip.
+            g = clip * g
+            m = b1 * m + ((1 - gamma_t) * (1 - b1) / b1) * g
+            return moonlight_scale(layout) * orthogonalize(gamma_t * g + b1 * m, layout, ns_steps), m, v, None
+
+        def adamw_layer(layout, g, m, v, g_prev):
+            g = clip * g
+            m = b1_adamw * m + (1 - b1_adamw) * g
+            v = b2_adamw * v + (1 - b2_adamw) * g**2
+            return mars_m_adam_direction(m, v, t, b1_adamw, b2_adamw, eps), m, v, None
+
+        def update_for(role: TensorRole):
+            if not role.is_matrix:
+                return adamw_layer
+            return efficient_layer if efficient else mars_m_layer
+
+        return mars_family_step(update_for, roles, grads, state, params, previous, exact=exact)
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -212,12 +206,9 @@ def mars_m(
         ``optax.GradientTransformationExtraArgs``. Call ``update(grads, state, params)``, adding
         ``obj_fn=loss_fn`` in exact mode.
     """
-    validate_mars_m_hyperparameters(
-        b1=b1, gamma=gamma, eps=eps, b1_adamw=b1_adamw, b2_adamw=b2_adamw, learning_rate=learning_rate,
-        weight_decay=weight_decay, ns_steps=ns_steps, exact=exact, efficient=efficient, max_grad_norm=max_grad_norm,
-    )
+    validate_step_sizes(learning_rate=learning_rate, weight_decay=weight_decay)
     return optax.chain(
-        optax.identity(),  # the global clip, folded into scale_by_mars_m; kept so the state's layout is unchanged
+        optax.identity(),  # layout of checkpoints: the slot of a global clip that scale_by_mars_m now folds in
         scale_by_mars_m(
             b1,
             gamma,

@@ -1,10 +1,11 @@
-"""Named-axis plumbing: runs an update rule written for one plain-array tensor on every layer of every parameter.
+"""Named-axis plumbing: runs an update written for one layer of one tensor, as plain float32 arrays, on a whole tree.
 
-An update rule is ``rule(g, m, v, g_prev, layout) -> (direction, m, v)`` on float32 arrays of one layer, with
-``None`` for absent buffers (``v`` where there is no second moment, ``g_prev`` where there is no previous gradient) and
-a :class:`~levanter_mars.optim.update_rules.MatrixLayout` saying how the tensor reads as a matrix. The rule never sees
-a NamedArray, a layer axis, a storage dtype or the global clip: :func:`update_tensor` unwraps them, multiplies the
-gradients by their clip factors as it reads them, and puts the results back.
+A layer update is ``update(layout, g, m, v, g_prev) -> (direction, m, v, prev)`` on float32 arrays, with ``None`` for
+absent buffers (``v`` where there is no second moment, ``g_prev`` where there is no previous gradient) and a
+:class:`~levanter_mars.optim.update_rules.MatrixLayout` saying how the layer reads as a matrix. It never sees a
+NamedArray, a layer axis or a storage dtype: :func:`map_layer_update` unwraps them, vectorizes the update over the
+``Stacked`` layer axes of each tensor and stores each result in the dtype of the buffer it replaces (an output whose
+buffer is absent is dropped).
 """
 
 from __future__ import annotations
@@ -21,89 +22,62 @@ from levanter_mars.optim.update_rules import MatrixLayout
 
 ABSENT = optax.MaskedNode()
 
-UpdateRule = Callable[..., tuple[Any, Any, Any]]
+LayerUpdate = Callable[..., tuple[Any, Any, Any, Any]]
 
 
 class TensorUpdate(NamedTuple):
+    """The results of one step, each a tree like the parameters (``ABSENT`` where a tensor has no such buffer)."""
+
     direction: Any
     mu: Any
     nu: Any
+    prev: Any
 
 
 def is_absent(x: Any) -> bool:
     return x is None or isinstance(x, optax.MaskedNode)
 
 
-def update_tensor(
-    rule: UpdateRule, role: TensorRole, g: Any, mu: Any, nu: Any, g_prev: Any, scales: tuple[Any, Any] = (1.0, 1.0)
-) -> TensorUpdate:
-    """Applies ``rule`` to each layer of one parameter tensor (plain array or NamedArray) and its buffers.
+def _dtype(x: Any) -> Any:
+    return None if is_absent(x) else jnp.dtype(x.dtype)
 
-    ``scales`` multiply ``g`` and ``g_prev`` (the global clip factors, scalars).
-    """
 
-    def one_layer(g: Any, mu: Any, nu: Any, g_prev: Any) -> TensorUpdate:
+def _update_one_tensor(update: LayerUpdate, role: TensorRole, g: Any, mu: Any, nu: Any, g_prev: Any, prev: Any):
+    # Storage dtypes are read outside the vmap: the outputs take the dtype of the buffer they replace.
+    stored_dtypes = (_dtype(g), _dtype(mu), _dtype(nu), _dtype(prev))
+
+    def one_layer(g: Any, mu: Any, nu: Any, g_prev: Any) -> tuple[Any, ...]:
         axis_names = tuple(a.name for a in g.axes) if hax.is_named_array(g) else None
 
-        def raw(x: Any) -> Any:
+        def float32(x: Any) -> Any:
             if is_absent(x):
                 return None
-            return x.rearrange(g.axes).array if hax.is_named_array(x) else x
+            return (x.rearrange(g.axes).array if hax.is_named_array(x) else x).astype(jnp.float32)
 
-        def float32(x: Any) -> Any:
-            return None if is_absent(x) else raw(x).astype(jnp.float32)
-
-        def stored_like(x: Any, like: Any) -> Any:
-            if x is None:
+        def stored(x: Any, dtype: Any) -> Any:
+            if dtype is None or x is None:
                 return ABSENT
-            x = x.astype(raw(like).dtype)
+            x = x.astype(dtype)
             return hax.named(x, g.axes) if axis_names is not None else x
 
-        layout = MatrixLayout(role, axis_names, raw(g).shape)
-        g_prev = None if is_absent(g_prev) else float32(g_prev) * scales[1]
-        direction, m, v = rule(float32(g) * scales[0], float32(mu), float32(nu), g_prev, layout)
-        return TensorUpdate(stored_like(direction, g), stored_like(m, mu), stored_like(v, nu))
+        layout = MatrixLayout(role, axis_names, float32(g).shape)
+        out = update(layout, float32(g), float32(mu), float32(nu), float32(g_prev))
+        return tuple(stored(x, dtype) for x, dtype in zip(out, stored_dtypes))
 
     out = per_layer(one_layer, role)(g, mu, nu, g_prev)
-    return TensorUpdate(*(restore_axis_order(o, like) for o, like in zip(out, (g, mu, nu))))
+    return TensorUpdate(*(restore_axis_order(o, g) for o in out))
 
 
-def after(*dependencies: Any) -> jax.Array:
-    """A float32 zero that can only be computed once every array in ``dependencies`` is: ``0 * one element of each``.
-
-    Added to a scale factor, it makes whatever that factor multiplies wait for the ``dependencies`` by a data
-    dependency, the only order XLA's scheduler and copy insertion are bound by (``jax.lax.optimization_barrier`` is
-    not enough: XLA:CPU expands it away first). Used to overwrite a donated buffer only after the last read of its old
-    value (else XLA copies the buffer aside) and to update one tensor at a time. It is zero unless a dependency is not
-    finite, and then that dependency, an output of the same step, is not finite either.
-    """
-    leaves = [x for x in jax.tree.leaves(dependencies) if x.size]
-    # x[0, ..., 0], not ravel(x)[0]: a reshape would gather a sharded x.
-    return sum((0.0 * x[(0,) * x.ndim].astype(jnp.float32) for x in leaves), jnp.zeros([], jnp.float32))
-
-
-def update_tensors(
-    rule_for: Callable[[TensorRole], UpdateRule], roles: Any, updates: Any, mu: Any, nu: Any, g_prev: Any,
-    scales: tuple[Any, Any] = (1.0, 1.0), one_at_a_time: bool = False,
+def map_layer_update(
+    update_for: Callable[[TensorRole], LayerUpdate], roles: Any, grads: Any, mu: Any, nu: Any, g_prev: Any, prev: Any
 ) -> TensorUpdate:
-    """:func:`update_tensor` on every tensor with the rule of its role; returns the three result trees.
-
-    ``one_at_a_time``: each tensor reads its gradient only once the previous tensor's moments are written
-    (:func:`after`), so that scratch memory (the float32 working copy a bfloat16 buffer needs on XLA:CPU) is one
-    tensor's, not the model's; otherwise the tensors are independent and XLA may run them side by side.
-    """
-    done = jnp.zeros([], jnp.float32)
-
-    def one_tensor(role, g, m, v, p):
-        nonlocal done
-        out = update_tensor(rule_for(role), role, g, m, v, p, (scales[0] + done, scales[1]))
-        if one_at_a_time:
-            done = after(out.mu, out.nu)
-        return out
-
-    out = map_roles(one_tensor, roles, updates, mu, nu, g_prev)
+    """Runs ``update_for(role)`` on every layer of every tensor; ``prev`` is the buffer the 4th output replaces."""
+    out = map_roles(
+        lambda role, g, m, v, gp, p: _update_one_tensor(update_for(role), role, g, m, v, gp, p),
+        roles, grads, mu, nu, g_prev, prev,
+    )
 
     def field(name: str) -> Any:
         return jax.tree.map(lambda leaf: getattr(leaf, name), out, is_leaf=lambda x: isinstance(x, TensorUpdate))
 
-    return TensorUpdate(field("direction"), field("mu"), field("nu"))
+    return TensorUpdate(*(field(name) for name in TensorUpdate._fields))

@@ -1,0 +1,104 @@
+"""What MARS and MARS-M share around their equations: the state, the global clip factor, the previous gradient and
+the step over a tree (:func:`mars_family_step`). The equations themselves are in ``scale_by_mars(_m)``."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+from optax import tree_utils as otu
+
+from levanter_mars.optim.fewer_passes import squared_norm
+from levanter_mars.optim.objective import objective_gradient
+from levanter_mars.optim.per_tensor import ABSENT, LayerUpdate, map_layer_update
+from levanter_mars.optim.tensor_roles import TensorRole, map_roles
+
+
+class ScaleByMarsState(NamedTuple):
+    """State of :func:`~levanter_mars.optim.mars.scale_by_mars` and :func:`~levanter_mars.optim.mars_m.scale_by_mars_m`.
+
+    Attributes:
+        count: number of updates taken so far (int32 scalar).
+        mu: first moment of every tensor (``mu_dtype``).
+        nu: second moment where one is used (AdamW-form tensors); ``optax.MaskedNode()`` elsewhere.
+        prev: approx mode: the previous (globally clipped) gradient of every tensor that is corrected
+            (``MaskedNode`` elsewhere); exact mode: the previous parameters of every tensor (``prev_dtype``).
+
+    Absent buffers are ``MaskedNode`` (a pytree without leaves), so they cost nothing and checkpoint cleanly.
+    """
+
+    count: chex.Array
+    mu: optax.Updates
+    nu: optax.Updates
+    prev: optax.Updates
+
+
+def global_clip_scale(tree: Any, max_norm: Optional[float]) -> Any:
+    """The factor ``optax.clip_by_global_norm(max_norm)`` multiplies every tensor of ``tree`` by (1 if None).
+
+    The update multiplies it into each gradient as it reads it, so no clipped copy of the gradients is written.
+    """
+    if max_norm is None:
+        return 1.0
+    norm = jnp.sqrt(sum(squared_norm(x) for x in jax.tree.leaves(tree)))
+    return jnp.where(norm < max_norm, 1.0, max_norm / norm)
+
+
+def initial_state(params: Any, roles: Any, *, exact: bool, corrected: Callable[[TensorRole], bool],
+                  has_second_moment: Callable[[TensorRole], bool], mu_dtype: Any, prev_dtype: Any) -> ScaleByMarsState:
+    """Zero moments; ``prev``: the parameters (exact), else a zero previous gradient where ``corrected``."""
+    mu = map_roles(lambda role, p: otu.tree_zeros_like(p, dtype=mu_dtype), roles, params)
+    nu = map_roles(lambda role, p: otu.tree_zeros_like(p) if has_second_moment(role) else ABSENT, roles, params)
+    if exact:
+        prev = otu.tree_cast(jax.tree.map(jnp.copy, params), prev_dtype)
+    else:
+        prev = map_roles(
+            lambda role, p: otu.tree_zeros_like(p, dtype=prev_dtype) if corrected(role) else ABSENT, roles, params
+        )
+    return ScaleByMarsState(count=jnp.zeros([], jnp.int32), mu=mu, nu=nu, prev=prev)
+
+
+class PreviousGradient(NamedTuple):
+    r""":math:`\tilde g_{t-1}` is ``gradient * clip``: the clip factor is multiplied in as the update reads it."""
+
+    gradient: Any
+    clip: Any
+
+
+def previous_gradient(
+    state: ScaleByMarsState, params: Any, obj_fn: Any, *, exact: bool, corrected: Callable[[TensorRole], bool],
+    roles: Any, max_grad_norm: Optional[float],
+) -> PreviousGradient:
+    r"""Approx: the stored previous gradient. Exact: the gradient at the previous parameters on the *current*
+    batch, clipped to ``max_grad_norm`` like the raw gradient and zero at step 1, as the official trainers do."""
+    if not exact:
+        return PreviousGradient(state.prev, 1.0)
+    if obj_fn is None:
+        raise ValueError(
+            "MARS exact mode needs the loss of the current batch: call update(grads, state, params, "
+            "obj_fn=loss_fn), where loss_fn(params) -> scalar. Levanter's trainer passes it; with "
+            "optax directly, pass it yourself (or use exact=False)."
+        )
+    if params is None:
+        raise ValueError("MARS exact mode needs params in update() to store the previous parameters")
+    previous_params = jax.tree.map(lambda q, p: q.astype(p.dtype), state.prev, params)
+    grads = objective_gradient(obj_fn, previous_params)
+    clip = jnp.where(state.count == 0, 0.0, global_clip_scale(grads, max_grad_norm))
+    return PreviousGradient(map_roles(lambda role, g: g if corrected(role) else ABSENT, roles, grads), clip)
+
+
+def mars_family_step(
+    update_for: Callable[[TensorRole], LayerUpdate], roles: Any, grads: Any, state: ScaleByMarsState, params: Any,
+    previous: PreviousGradient, *, exact: bool,
+) -> tuple[Any, ScaleByMarsState]:
+    """Runs ``update_for(role)`` on every layer of every tensor; returns (directions, new state).
+
+    The layer update's fourth output is the new previous gradient (approx); exact mode stores the parameters instead.
+    """
+    replaced_prev = map_roles(lambda role, g: ABSENT, roles, grads) if exact else state.prev
+    out = map_layer_update(update_for, roles, grads, state.mu, state.nu, previous.gradient, replaced_prev)
+    prev = jax.tree.map(lambda p, old: p.astype(old.dtype), params, state.prev) if exact else out.prev
+    return out.direction, ScaleByMarsState(count=optax.safe_increment(state.count), mu=out.mu, nu=out.nu, prev=prev)

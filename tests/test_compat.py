@@ -758,6 +758,8 @@ def test_defect_31_workaround_the_export_config_json_holds_what_was_trained(tmp_
         "reorder_and_upcast_attn": True, "architectures": ["GPT2LMHeadModel"],
     }  # fmt: skip
     assert {k: getattr(exported, k) for k in expected} == expected
+
+
 def _next_token_loss_inputs():
     Batch, Pos, Embed, Vocab = hax.Axis("b", 2), hax.Axis("position", 6), hax.Axis("embed", 4), hax.Axis("vocab", 7)
     k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)

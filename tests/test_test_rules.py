@@ -9,7 +9,7 @@ from tests.helpers.training import POLL_S
 TESTS = Path(__file__).resolve().parent
 SOURCES = sorted(p for p in TESTS.rglob("*.py") if p.name != Path(__file__).name)
 SHORT_WAIT = re.compile(r"\b(?:poll(?:\s*:\s*float)?\s*=|sleep\()\s*(\d+(?:\.\d+)?|\.\d+)\s*[,)]")
-UNSEEDED = re.compile(r"\brandom\.(?:random|randint|randrange|choice|choices|sample|shuffle|uniform)\(|\brandom\.Random\(\)")
+UNSEEDED = re.compile(r"(?<!jax\.)\brandom\.(?:random|randint|randrange|choice|choices|sample|shuffle|uniform)\(|\brandom\.Random\(\)")
 
 
 def _hits(pattern):

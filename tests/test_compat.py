@@ -531,3 +531,13 @@ def test_defect_27_a_task_that_fails_to_load_is_not_named_and_the_workaround_nam
     with pytest.raises(ValueError, match="Failed to load task my_alias") as ours:
         lm_eval_harness.TaskErrorsNamed(task_spec=[])._get_task_and_rename(None, "my_alias", {"task": "broken_mc"})
     assert isinstance(ours.value.__cause__, FileNotFoundError)
+
+
+def test_defect_28_the_jitted_train_step_has_no_public_handle():
+    import functools
+
+    from levanter.trainer import Trainer
+
+    assert not [name for name in dir(Trainer) if "jit" in name and not name.startswith("_")]
+    assert isinstance(Trainer.__dict__["_jit_train_step_fn"], functools.cached_property)
+    assert levanter_training.jitted_train_step.__doc__.startswith("Defect 28")

@@ -50,6 +50,8 @@ Levanter 1.2.dev1644:
 26. Ray's job config reaches the driver through an environment variable named only privately: :mod:`ray_jobs`.
 27. A task that fails to load is not named in Levanter's error (lm-eval pops its name first):
     :class:`lm_eval_harness.TaskErrorsNamed`.
+28. ``Trainer`` keeps its jitted train step private (``_jit_train_step_fn``); pre-flight lowers that very program
+    for a TPU topology: :func:`levanter_training.jitted_train_step`.
 
 Other pinned dependencies:
 

@@ -93,8 +93,9 @@ def test_small_mars_on_v4_32_fits_with_figures(small_mars_on_v4_32):
     per_chip = report["per_chip"]
     assert 0 < per_chip["temporaries"] < per_chip["total"] <= 32 * GiB
     assert per_chip["total"] >= per_chip["parameters"] + per_chip["optimizer_state"] + per_chip["temporaries"]
-    # Forward and backward of 480 x 1024 tokens of a 124M model: at least 6 N T flops over the 16 chips.
-    assert report["flops_per_step"] >= 6 * 124e6 * 480 * 1024 / 16 * 0.9
+    # Forward and backward of 480 x 1024 tokens of a 124M-parameter model: about 6 N T, attention adding some.
+    assert 6 * 124e6 * 480 * 1024 <= report["flops_per_step"] <= 1.5 * 6 * 124e6 * 480 * 1024
+    assert report["compiler_flops_per_chip"] > 0
     assert "verdict         fits" in proc.stdout
 
 

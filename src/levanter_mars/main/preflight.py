@@ -63,11 +63,14 @@ def preflight(config_path: str, tpu_type: str, num_slices: int = 1, overrides: S
     devices = abstract_devices(target, num_slices)
     step = lower_train_step(config, devices, num_slices, vocab, eos)
     compiled = compile_program(step.lowered)
+    per_token = config.model.flops_per_token(vocab)
+    tokens = step.trainer_config.train_batch_size * config.model.Pos.size
     return Verdict(
         config_path, target, num_slices, step.parameter_bytes, step.optimizer_state_bytes, compiled,
         per_device_parallelism=step.trainer_config.per_device_parallelism,
         train_batch_size=step.trainer_config.train_batch_size, data_axis_size=step.trainer_config.data_axis_size,
         gradient_checkpointing=getattr(config.model, "gradient_checkpointing", None), eval_steps={},
+        model_flops_per_step=3 * per_token * tokens if per_token is not None else None,
     )
 
 

@@ -123,8 +123,8 @@ def largest_pdp(config: str, tpu_type: str) -> str:
 
 
 def table() -> str:
-    rows = ["| config | slice | topology | chips | pdp | params+opt GiB/chip | temp GiB/chip | total GiB/chip | HBM GiB "
-            "| fits | largest pdp that fits | compile s |",
+    rows = ["| config | slice | topology | chips | pdp | params+opt GiB/chip | temp GiB/chip | total GiB/chip "
+            "| HBM GiB | fits | largest pdp that fits | compile s |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for config in configs():
         named = named_slice(config)

@@ -75,7 +75,8 @@ def preflight(config_path: str, tpu_type: str, num_slices: int = 1, overrides: S
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m levanter_mars.main.preflight", description=__doc__.split("\n\n")[1])
+    description = __doc__.split("\n\n")[1]
+    parser = argparse.ArgumentParser(prog="python -m levanter_mars.main.preflight", description=description)
     parser.add_argument("--config_path", required=True, help="the training YAML")
     parser.add_argument("--tpu_type", required=True, help="slice type, as the launcher takes it (v4-32, v5litepod-16)")
     parser.add_argument("--num_slices", type=int, default=1)

@@ -126,6 +126,7 @@ def refusal():
     return run_preflight(*_REFUSAL, timeout=600)
 
 
+@pytest.mark.slow
 def test_a_step_that_cannot_fit_exits_2_naming_what_to_change(refusal):
     proc = refusal
     assert proc.returncode == 2, proc.stderr[-3000:]
@@ -138,6 +139,7 @@ def test_a_step_that_cannot_fit_exits_2_naming_what_to_change(refusal):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_hbm_table_matches_the_compilers_capacity(refusal):
     """The compiler's out-of-memory verdict states what one device can hold: a whole v4 chip (megacore), at most the
     table's 32 GiB (less what the runtime reserves) and far over one TensorCore's half."""

@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"levanter-mars needs Python 3.11, found {sys.version.split()[0]} at {sys.executable}"'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip==26.3"
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,tpu]'
 	touch $(STAMP)
 
 ## Create .venv with every pinned dependency.

@@ -164,7 +164,7 @@ def test_launcher_dry_run_reads_the_training_config_from_gs(gs, gcs, tmp_path, p
     url = gcs.gs("configs/from-gs.yaml")
     gs.pipe(_plain(url), local.read_bytes())
     bucket = ["--trainer.checkpointer.base_path", gcs.gs("ckpt"), "--data.cache_dir", gcs.gs("tok")]
-    assert launch.cli(["--dry_run", "--config_path", url, "--tpu_type", "v4-8", "--", *bucket]) == 0
+    assert launch.cli(["--dry_run", "--skip_preflight", "--config_path", url, "--tpu_type", "v4-8", "--", *bucket]) == 0
     documents = list(yaml.safe_load_all(capsys.readouterr().out))
     plan, resolved = documents[0], documents[-1]
     assert resolved["model"]["hidden_dim"] == 48 and resolved["trainer"]["id"] == "from-gs", "read from the bucket"

@@ -47,7 +47,7 @@ def dry_run(capsys, *argv):
     """``launch --dry_run argv``: returns the plan, the resolved training config and the whole output."""
     from levanter_mars.infra import launch
 
-    code = launch.cli(["--dry_run", *argv])
+    code = launch.cli(["--dry_run", "--skip_preflight", *argv])  # pre-flight has its own tests (test_preflight.py)
     out, err = capsys.readouterr()
     assert code == 0, err
     plan, config = yaml.safe_load_all(out)

@@ -245,4 +245,12 @@ DEFECTS: tuple[Defect, ...] = (
         "compat.levanter_models.gpt2_hf_fields_levanter_omits",
         _COMPAT + "test_defect_31_levanters_gpt2_hf_config_omits_resid_pdrop_and_the_mlp_width",
     ),
+    Defect(
+        32,
+        LEVANTER,
+        "Trainer keeps its jitted train step private (_jit_train_step_fn); pre-flight lowers that very program for a "
+        "TPU topology",
+        "compat.levanter_training.jitted_train_step",
+        _COMPAT + "test_defect_32_the_jitted_train_step_has_no_public_handle",
+    ),
 )

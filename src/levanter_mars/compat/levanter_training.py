@@ -143,3 +143,9 @@ class FixedTrainer(Trainer):
         train_metrics = {f"train/{k}": v for k, v in plain_metrics.items()}
         result = TrainStepResult(loss=loss, new_state=new_state, loss_metrics=train_metrics, hook_infos=hook_infos)
         return hax.shard_with_axis_mapping(result, self.parameter_axis_mapping)
+
+
+def jitted_train_step(trainer: Trainer):
+    """Defect 32. The trainer's jitted step (``named_jit`` of ``_train_step``, state donated): Levanter offers no
+    public handle on it, and pre-flight must lower exactly that program for a TPU topology."""
+    return trainer._jit_train_step_fn

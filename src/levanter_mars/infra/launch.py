@@ -1,8 +1,10 @@
 """``python -m levanter_mars.infra.launch --config_path config/X.yaml --tpu_type v4-32 [--num_slices N]
-[--retries K] [--preemption_retries P] [--address http://...] [--dry_run] [-- training overrides]``
+[--retries K] [--preemption_retries P] [--address http://...] [--dry_run] [--skip_preflight] [-- overrides]``
 
 Submits the run as a Ray job (one training process per TPU host, restarted after preemptions and failures) and
-follows its log. ``--tpu_type cpu [--num_hosts N --devices_per_host D]`` runs it as a local pod on this machine:
+follows its log. First, here, the TPU compiler compiles the train step for the slice (``main/preflight.py``): a step
+that does not fit is refused before anything is submitted, and the dry run shows the pre-flight table.
+``--tpu_type cpu [--num_hosts N --devices_per_host D]`` runs it as a local pod on this machine:
 on the Ray cluster ``--address`` (or ``$RAY_ADDRESS``) names, else on a private one started on 127.0.0.1 for this
 command and stopped when it ends (see ``local_cluster.py``). See infra/README.md.
 """
@@ -17,6 +19,7 @@ from typing import Optional, Sequence
 
 from levanter_mars.infra.config import LaunchError, RayLaunchConfig, parse_args
 from levanter_mars.infra.local_node import LOCAL_SLICE
+from levanter_mars.infra.preflight.launch_check import preflight_run, take_skip_flag
 
 # Light imports only above this line: Ray reads its authentication mode once, when it is imported, and a private
 # cluster's client must be in token mode by then (see cli). plan and ray_job import Levanter, and so Ray.
@@ -112,6 +115,7 @@ def _client_of_private_cluster(environ=os.environ) -> str:
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    skip_preflight, argv = take_skip_flag(argv)
     temp_dir = None
     try:
         launch, _ = parse_args(argv, RayLaunchConfig)
@@ -129,11 +133,15 @@ def cli(argv: Optional[Sequence[str]] = None) -> int:
             shutil.rmtree(temp_dir, ignore_errors=True)
         return prepared
     launch, run = prepared
+    preflight_code, preflight_text = preflight_run(run, launch.working_dir, skip_preflight)
+    if preflight_code != 0:
+        print(f"error: pre-flight {preflight_text}", file=sys.stderr)
+        return preflight_code
     job = build_job(run, launch)
     address = PRIVATE_CLUSTER if temp_dir or (launch.dry_run and wants_private_cluster(launch)) else None
     address = address or resolve_address(launch.address)
     if launch.dry_run:
-        print(run.report({"address": address, "ray_job": job.printable()}))
+        print(run.report({"address": address, "preflight": preflight_text, "ray_job": job.printable()}))
         return 0
     label = f"run {run.run_id}, {run.slice.name} x {run.job.num_slices}"
     if run.slice.is_local:

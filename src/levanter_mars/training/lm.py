@@ -39,16 +39,13 @@ def train_lm(config: TrainLmConfig, *, run_info: dict, resume: Optional[ResumePl
     boolean_loss_masks()  # the training and eval losses, on jax >= 0.8 (compat entry 28)
     tokenizer = config.data.the_tokenizer
     converter = hf_converter(config.model, tokenizer)
-    optimizer = config.optimizer.build(config.trainer.num_train_steps)
-    loss_function = functools.partial(compute_next_token_loss, logsumexp_weight=config.z_loss_weight)
 
-    with MarsTrainer(config.trainer, optimizer, loss_function, run_info=run_info, resume=resume) as trainer:
+    with build_trainer(config, run_info=run_info, resume=resume) as trainer:
         data_key, _loader_key, model_key, training_key = jrandom.split(jrandom.PRNGKey(config.trainer.seed), 4)
         if config.data_seed is not None:
             data_key = jrandom.PRNGKey(config.data_seed)
         Pos = config.model.Pos
-        # Partitioned dimensions must divide the mesh; tokenizers have odd sizes (GPT-2's 50257), so round up.
-        Vocab = round_axis_for_partitioning(Axis("vocab", len(tokenizer)), trainer.parameter_axis_mapping)
+        Vocab = vocab_axis(len(tokenizer), trainer)
 
         train_dataset = config.data.train_set(Pos, config.trainer.batch_schedule, key=data_key, epochs=config.epoch)
         state = trainer.initial_state(training_key, model_init=lambda: config.model.build(Vocab, key=model_key))
@@ -70,6 +67,18 @@ def train_lm(config: TrainLmConfig, *, run_info: dict, resume: Optional[ResumePl
         train_loader = trainer.data_loader(train_dataset).iter_from_step(int(state.step))
         trainer.train(state, train_loader)
     trainer.tracker.finish()
+
+
+def build_trainer(config: TrainLmConfig, *, run_info: dict, resume: Optional[ResumePlan]) -> MarsTrainer:
+    """The trainer, its optimizer and loss, as training runs them (pre-flight compiles the same step)."""
+    optimizer = config.optimizer.build(config.trainer.num_train_steps)
+    loss_function = functools.partial(compute_next_token_loss, logsumexp_weight=config.z_loss_weight)
+    return MarsTrainer(config.trainer, optimizer, loss_function, run_info=run_info, resume=resume)
+
+
+def vocab_axis(vocab_size: int, trainer: MarsTrainer) -> Axis:
+    # Partitioned dimensions must divide the mesh; tokenizers have odd sizes (GPT-2's 50257), so round up.
+    return round_axis_for_partitioning(Axis("vocab", vocab_size), trainer.parameter_axis_mapping)
 
 
 def _add_eval_loss(trainer: MarsTrainer, config: TrainLmConfig, tokenizer) -> None:

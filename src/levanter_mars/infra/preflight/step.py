@@ -1,0 +1,226 @@
+"""The train step that training runs, built on a TPU slice's abstract devices and compiled by the TPU compiler.
+
+Nothing is allocated: the state and the batch are shapes with the shardings the trainer gives them. The trainer is
+the one ``training/lm.py`` builds (model, mixed precision, gradient checkpointing, loss, the config's optimizer with
+its non-finite guard, exact MARS's second gradient, microbatching); only its mesh is the slice's, and its side
+effects (tracker, checkpoint and log directories) are pointed at a scratch directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import equinox as eqx
+import haliax as hax
+import jax
+import jax.numpy as jnp
+import jax.random as jrandom
+import levanter
+import numpy as np
+from haliax.partitioning import ResourceAxis, infer_resource_partitions
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh
+from levanter.models.lm_model import LmExample
+from levanter.tracker import NoopConfig
+
+from levanter_mars.compat.levanter_training import jitted_train_step
+from levanter_mars.training.config import ConfigError
+from levanter_mars.training.lm import build_trainer, vocab_axis
+from levanter_mars.training.trainer import MarsTrainerConfig
+
+
+@dataclass
+class SliceTrainerConfig(MarsTrainerConfig):
+    """The trainer config on given devices (a TPU topology's), instead of the ones ``jax.devices()`` lists."""
+
+    def on(self, devices: list, num_slices: int) -> "SliceTrainerConfig":
+        self._devices, self._slices = devices, num_slices
+        return self
+
+    @property
+    def num_slices(self) -> int:  # type: ignore[override]
+        return self._slices
+
+    @property
+    def num_devices_per_slice(self) -> int:
+        return len(self._devices) // self._slices
+
+    @property
+    def device_mesh(self) -> Mesh:
+        ici = (self.replica_ici_axis_size, self.data_ici_axis_size, self.model_axis_size)
+        if self._slices > 1:
+            dcn = (self.replica_dcn_axis_size, self.data_dcn_axis_size, 1)
+            grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, self._devices, allow_split_physical_axes=True)
+        else:
+            grid = mesh_utils.create_device_mesh(ici, self._devices, allow_split_physical_axes=True)
+        return Mesh(grid, (ResourceAxis.REPLICA, ResourceAxis.DATA, ResourceAxis.MODEL))
+
+
+def _on_slice(trainer: MarsTrainerConfig, devices: list, num_slices: int, scratch: str) -> SliceTrainerConfig:
+    values = {f.name: getattr(trainer, f.name) for f in dataclasses.fields(trainer) if f.init}
+    values.update(
+        tracker=NoopConfig(), log_dir=scratch, load_checkpoint=False, id=trainer.id or "preflight",
+        checkpointer=dataclasses.replace(trainer.checkpointer, base_path=scratch),
+    )
+    config = SliceTrainerConfig(**values).on(devices, num_slices)
+    # What TrainerConfig.initialize resolves from the device count (it also starts logging and trackers).
+    if config.replica_dcn_axis_size == -1:
+        config.replica_dcn_axis_size = num_slices
+    if num_slices % config.replica_dcn_axis_size:
+        raise ConfigError(
+            f"trainer.replica_dcn_axis_size={config.replica_dcn_axis_size} must divide --num_slices={num_slices}"
+        )
+    if config.per_device_parallelism == -1:
+        config.per_device_parallelism = config.train_batch_size // config.data_axis_size
+    if config.per_device_eval_parallelism == -1:
+        config.per_device_eval_parallelism = config.per_device_parallelism
+    return config
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """One compile's figures, per device (one device is one chip, see ``topology.py``)."""
+
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    temp_bytes: int
+    flops: Optional[float]
+    compile_seconds: float
+    out_of_memory: Optional[str] = None
+    """The TPU compiler's refusal, first line, when the program does not fit."""
+    used_bytes: Optional[int] = None
+    """With ``out_of_memory``: what the compiler says the program needs (at least)."""
+    capacity_bytes: Optional[int] = None
+    """With ``out_of_memory``: the HBM the compiler says one device has for it."""
+
+    @property
+    def total_bytes(self) -> int:
+        if self.used_bytes is not None:
+            return self.used_bytes
+        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+
+
+# The TPU compiler's two ways of saying a program does not fit: the whole program's peak, or (when one buffer alone
+# is too large) that buffer, which is then a lower bound of the peak.
+_USED = re.compile(r"Used ([0-9.]+)([KMGT]) of ([0-9.]+)([KMGT]) hbm")
+_ALLOCATION = re.compile(r"Allocation \(size=(\d+)\) would exceed memory \(size=(\d+)\)")
+_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def out_of_memory(message: str) -> Optional[tuple[int, int, str]]:
+    """(bytes needed, bytes the compiler can place, the verdict's line), if ``message`` is the compiler's
+    out-of-memory verdict."""
+    if "RESOURCE_EXHAUSTED" not in message:
+        return None
+    line = next((ln.strip() for ln in message.splitlines() if "hbm" in ln or "would exceed memory" in ln), "")
+    line = line[line.find("RESOURCE_EXHAUSTED"):] if "RESOURCE_EXHAUSTED" in line else line
+    used = _USED.search(message)
+    if used:
+        needed = int(float(used.group(1)) * _UNITS[used.group(2)])
+        return needed, int(float(used.group(3)) * _UNITS[used.group(4)]), line
+    allocation = _ALLOCATION.search(message)
+    if allocation:
+        return int(allocation.group(1)), int(allocation.group(2)), line
+    return None
+
+
+def compile_program(lowered: Any) -> Compiled:
+    start = time.perf_counter()
+    try:
+        compiled = lowered.compile()
+    except Exception as e:  # noqa: BLE001 - only the compiler's out-of-memory verdict is an answer; the rest raise
+        verdict = out_of_memory(str(e))
+        if verdict is None:
+            raise
+        needed, capacity, line = verdict
+        return Compiled(0, 0, 0, 0, None, time.perf_counter() - start, out_of_memory=line, used_bytes=needed,
+                        capacity_bytes=capacity)
+    seconds = time.perf_counter() - start
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return Compiled(
+        argument_bytes=int(memory.argument_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
+        alias_bytes=int(memory.alias_size_in_bytes), temp_bytes=int(memory.temp_size_in_bytes),
+        flops=float(cost["flops"]) if cost and "flops" in cost else None, compile_seconds=seconds,
+    )
+
+
+def shard_bytes(tree: Any) -> int:
+    """Bytes one device holds of a tree of sharded shapes."""
+    total = 0
+    for leaf in jax.tree_util.tree_leaves(tree):
+        if not isinstance(leaf, jax.ShapeDtypeStruct):
+            continue
+        shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+        total += int(np.prod(shape, dtype=np.int64)) * jnp.dtype(leaf.dtype).itemsize
+    return total
+
+
+@dataclass
+class TrainStep:
+    """The abstract state and batch of one training step on the slice, and its lowered program."""
+
+    trainer_config: SliceTrainerConfig
+    state: Any
+    batch: Any
+    lowered: Any
+
+    @property
+    def parameter_bytes(self) -> int:
+        return shard_bytes(self.state.model)
+
+    @property
+    def optimizer_state_bytes(self) -> int:
+        return shard_bytes(self.state.opt_state)
+
+
+def _with_shardings(shapes: Any, mapping, mesh: Mesh) -> Any:
+    shardings = infer_resource_partitions(shapes, mapping, preserve_existing_shardings=False, mesh=mesh)
+
+    def attach(shape, sharding):
+        if isinstance(shape, hax.NamedArray):
+            return hax.NamedArray(attach(shape.array, sharding), shape.axes)
+        if not isinstance(shape, jax.ShapeDtypeStruct):
+            return shape  # static leaves (the trainable-parameter mask)
+        return jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=sharding)
+
+    return jax.tree_util.tree_map(attach, shapes, shardings, is_leaf=lambda x: isinstance(x, hax.NamedArray))
+
+
+def lower_train_step(config, devices: list, num_slices: int, vocab_size: int, eos_id: Optional[int]) -> TrainStep:
+    """Lowers the training program of ``config`` (a TrainLmConfig) for ``devices``; raises ConfigError naming the
+    field when the batch cannot be laid out on them."""
+    with tempfile.TemporaryDirectory(prefix="preflight-") as scratch:
+        trainer_config = _on_slice(config.trainer, devices, num_slices, scratch)
+        config = dataclasses.replace(config, trainer=trainer_config)
+        trainer = build_trainer(config, run_info={}, resume=None)
+        trainer.metrics = None  # nothing is logged; its truncation on resume needs a concrete step
+        mesh = trainer.device_mesh
+        mapping = trainer.parameter_axis_mapping
+        # What ``with trainer:`` sets, except that the mesh is the legacy ``with mesh:`` context: the trainer's
+        # (jax.set_mesh) would send every eager op, haliax's own probes included, to the abstract TPU devices.
+        with levanter.current_tracker(trainer.tracker), mesh, hax.axis_mapping(mapping):
+            Vocab = vocab_axis(vocab_size, trainer)
+            _data_key, _loader_key, model_key, training_key = jrandom.split(jrandom.PRNGKey(trainer_config.seed), 4)
+
+            def init():
+                return trainer.initial_state(training_key, model_init=lambda: config.model.build(Vocab, key=model_key))
+
+            state = _with_shardings(eqx.filter_eval_shape(init), mapping, mesh)
+            Batch, Pos = trainer_config.TrainBatch, config.model.Pos
+
+            def example(tokens):
+                return hax.vmap(lambda t: LmExample.causal(t, eos_id=eos_id), Batch)(hax.named(tokens, (Batch, Pos)))
+
+            tokens = jax.ShapeDtypeStruct((Batch.size, Pos.size), jnp.int32)
+            batch = _with_shardings(eqx.filter_eval_shape(example, tokens), trainer.compute_axis_mapping, mesh)
+            step = jitted_train_step(trainer)
+            lowered = jax.jit(lambda s, b: step(s, (b,), {}), donate_argnums=0).lower(state, batch)
+    return TrainStep(trainer_config, state, batch, lowered)

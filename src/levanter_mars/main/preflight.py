@@ -1,0 +1,113 @@
+"""``python -m levanter_mars.main.preflight --config_path X --tpu_type T [--num_slices N] [--json] [-- overrides]``
+
+Compiles the config's train step with the TPU compiler for the slice's topology, on this machine (no TPU, no
+network), and says whether it fits each chip's HBM. Exit 0: it fits. Exit 2: it does not (the message names what to
+change), or the config is bad, or there is no TPU compiler here. With ``--json`` the last stdout line is one JSON
+object (sizes in bytes). The order: parse and check the config and the slice, build the trainer's step on the
+slice's abstract devices, compile, report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Optional, Sequence
+
+# The TPU compiler is driven from a CPU-only process: JAX itself must not look for accelerators.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from levanter_mars.infra.config import LaunchError  # noqa: E402
+from levanter_mars.infra.preflight.report import Verdict, json_line  # noqa: E402
+from levanter_mars.infra.preflight.topology import PreflightError, abstract_devices, tpu_target  # noqa: E402
+from levanter_mars.infra.slices import slice_type  # noqa: E402
+from levanter_mars.training.config import ConfigError  # noqa: E402
+
+#: Tokenizers whose size pre-flight knows without loading them (the HF hub is not contacted): (vocab, eos id).
+KNOWN_TOKENIZERS = {"gpt2": (50257, 50256), "openai-community/gpt2": (50257, 50256)}
+
+
+def vocabulary(data_config) -> tuple[int, Optional[int]]:
+    name = str(data_config.tokenizer)
+    if name in KNOWN_TOKENIZERS:
+        return KNOWN_TOKENIZERS[name]
+    try:
+        tokenizer = data_config.the_tokenizer
+    except Exception as e:  # noqa: BLE001 - reported with the field's name
+        raise ConfigError(f"data.tokenizer: cannot load {name!r} offline to size the vocabulary: {e}") from None
+    return len(tokenizer), tokenizer.eos_token_id
+
+
+def check(config, devices: int) -> None:
+    from levanter_mars.training import validation
+
+    validation.check_trainer(config.trainer)
+    validation.check_model(config.model)
+    validation.check_optimizer(config.optimizer, config.trainer.num_train_steps)
+    validation.check_mesh(config.trainer, devices)
+
+
+def preflight(config_path: str, tpu_type: str, num_slices: int = 1, overrides: Sequence[str] = ()) -> Verdict:
+    """Raises ConfigError/LaunchError (bad input) or PreflightError (no compiler) before compiling anything."""
+    from levanter_mars.eval.train_config import parse_train_config
+    from levanter_mars.infra.preflight.step import compile_program, lower_train_step
+
+    if num_slices < 1:
+        raise LaunchError(f"--num_slices must be >= 1, got {num_slices}")
+    target = tpu_target(slice_type(tpu_type))
+    config = parse_train_config(["--config_path", config_path, *overrides])
+    check(config, target.devices * num_slices)
+    vocab, eos = vocabulary(config.data)
+    devices = abstract_devices(target, num_slices)
+    step = lower_train_step(config, devices, num_slices, vocab, eos)
+    compiled = compile_program(step.lowered)
+    per_token = config.model.flops_per_token(vocab)
+    tokens = step.trainer_config.train_batch_size * config.model.Pos.size
+    return Verdict(
+        config_path, target, num_slices, step.parameter_bytes, step.optimizer_state_bytes, compiled,
+        per_device_parallelism=step.trainer_config.per_device_parallelism,
+        train_batch_size=step.trainer_config.train_batch_size, data_axis_size=step.trainer_config.data_axis_size,
+        gradient_checkpointing=getattr(config.model, "gradient_checkpointing", None), eval_steps={},
+        model_flops_per_step=3 * per_token * tokens if per_token is not None else None,
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    description = __doc__.split("\n\n")[1]
+    parser = argparse.ArgumentParser(prog="python -m levanter_mars.main.preflight", description=description)
+    parser.add_argument("--config_path", required=True, help="the training YAML")
+    parser.add_argument("--tpu_type", required=True, help="slice type, as the launcher takes it (v4-32, v5litepod-16)")
+    parser.add_argument("--num_slices", type=int, default=1)
+    parser.add_argument("--json", action="store_true", help="end stdout with one JSON object")
+    return parser
+
+
+def cli(argv: Optional[Sequence[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    own, overrides = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    parser = _parser()
+    try:
+        args = parser.parse_args(own)
+    except SystemExit as e:
+        return 2 if e.code else 0
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        verdict = preflight(args.config_path, args.tpu_type, args.num_slices, overrides)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    except (LaunchError, PreflightError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(verdict.table())
+    if not verdict.fits:
+        print(f"does not fit: {verdict.refusal()}", file=sys.stderr)
+    if args.json:
+        print(json_line(verdict.to_json()))
+    return 0 if verdict.fits else 2
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

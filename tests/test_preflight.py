@@ -1,0 +1,220 @@
+"""Pre-flight: the train step compiled by the TPU compiler for a slice, on this CPU machine (needs the libtpu wheel).
+
+The shipped GPT-2 small MARS config on v4-32 is compiled once per session (a few minutes on 2 cores) and every check
+of its report shares that run. Refusals are cheap: a one-layer model whose microbatch cannot fit (the compiler's own
+out-of-memory verdict), a batch that does not divide (refused before anything compiles), and no TPU compiler.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from levanter.infra.ray_tpu import TPU_CONFIGS
+
+from levanter_mars.infra.preflight.topology import GiB, abstract_devices, tpu_target
+from levanter_mars.infra.slices import slice_type
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL_MARS = "config/gpt2_small_mars.yaml"
+
+
+def run_preflight(*args: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
+    environ.pop("JAX_COMPILATION_CACHE_DIR", None)  # TPU executables are not for this machine's cache
+    return subprocess.run(
+        [sys.executable, "-m", "levanter_mars.main.preflight", *args],
+        cwd=REPO, env=environ, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def last_json(proc: subprocess.CompletedProcess) -> dict:
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------------------------------------ topology mapping
+# Google Cloud's published topologies ("TPU versions" pages): the independent reference for the mapping rule.
+PUBLISHED = {
+    "v4-8": ("v4:2x2x1", 4), "v4-16": ("v4:2x2x2", 8), "v4-32": ("v4:2x2x4", 16), "v4-64": ("v4:2x4x4", 32),
+    "v4-128": ("v4:4x4x4", 64), "v4-256": ("v4:4x4x8", 128), "v4-512": ("v4:4x8x8", 256),
+    "v4-1024": ("v4:8x8x8", 512), "v4-2048": ("v4:8x8x16", 1024), "v4-4096": ("v4:8x16x16", 2048),
+    "v5p-8": ("v5p:2x2x1", 4), "v5p-128": ("v5p:4x4x4", 64), "v5p-12288": ("v5p:16x16x24", 6144),
+    "v5litepod-1": ("v5e:1x1", 1), "v5litepod-4": ("v5e:2x2", 4), "v5litepod-8": ("v5e:2x4", 8),
+    "v5litepod-16": ("v5e:4x4", 16), "v5litepod-256": ("v5e:16x16", 256),
+    "v6e-1": ("v6e:1x1", 1), "v6e-8": ("v6e:2x4", 8), "v6e-16": ("v6e:4x4", 16), "v6e-256": ("v6e:16x16", 256),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_slice_maps_to_the_published_topology(name):
+    target = tpu_target(slice_type(name))
+    assert (target.topology, target.chips) == PUBLISHED[name]
+    # The name counts TensorCores on v4/v5p (2 per chip) and chips on v5e/v6e.
+    assert int(name.split("-")[1]) == (target.chips * 2 if name.startswith(("v4", "v5p")) else target.chips)
+
+
+@pytest.mark.parametrize("name", [c.name for c in TPU_CONFIGS if c.chip_count <= 64])
+def test_every_launcher_slice_up_to_64_chips_is_a_topology_with_one_device_per_chip(name):
+    target = tpu_target(slice_type(name))
+    devices = abstract_devices(target)
+    # The compiler's own count of devices and cores: one JAX device per chip, as JAX on a real pod sees them
+    # (v4/v5p: megacore, 2 TensorCores per device).
+    assert len(devices) == target.chips
+    assert {d.num_cores for d in devices} == {target.cores_per_chip}
+
+
+# ------------------------------------------------------------------------------------ the shipped config, compiled
+@pytest.fixture(scope="module")
+def small_mars_on_v4_32():
+    proc = run_preflight("--config_path", SMALL_MARS, "--tpu_type", "v4-32", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, last_json(proc)
+
+
+def _gpt2_parameters(vocab: int, hidden: int, layers: int, seq_len: int) -> int:
+    """GPT-2 without biases (use_bias: false), tied embeddings: token and position embeddings, per layer the
+    attention (q, k, v, o: 4 h^2), the MLP (2 x h x 4h) and two layer-norm scales, and the final layer norm."""
+    return vocab * hidden + seq_len * hidden + layers * (4 * hidden**2 + 8 * hidden**2 + 2 * hidden) + hidden
+
+
+@pytest.mark.slow
+def test_small_mars_on_v4_32_fits_with_figures(small_mars_on_v4_32):
+    proc, report = small_mars_on_v4_32
+    for key in ("tpu_type", "topology", "chips", "hbm_bytes_per_chip", "per_chip", "fits", "flops_per_step",
+                "compile_seconds"):
+        assert key in report
+    assert (report["tpu_type"], report["topology"], report["chips"]) == ("v4-32", "v4:2x2x4", 16)
+    assert report["hbm_bytes_per_chip"] == 32 * GiB
+    assert report["fits"] is True
+    per_chip = report["per_chip"]
+    assert 0 < per_chip["temporaries"] < per_chip["total"] <= 32 * GiB
+    assert per_chip["total"] >= per_chip["parameters"] + per_chip["optimizer_state"] + per_chip["temporaries"]
+    # Forward and backward of 480 x 1024 tokens of a 124M-parameter model: about 6 N T, attention adding some.
+    assert 6 * 124e6 * 480 * 1024 <= report["flops_per_step"] <= 1.5 * 6 * 124e6 * 480 * 1024
+    assert report["compiler_flops_per_chip"] > 0
+    assert "verdict         fits" in proc.stdout
+
+
+@pytest.mark.slow
+def test_parameters_and_optimizer_state_per_chip_match_a_hand_count(small_mars_on_v4_32):
+    _, report = small_mars_on_v4_32
+    # The vocabulary (50257) is padded to a multiple of the 16-way FSDP axis; every tensor is split 16 ways.
+    vocab = -(-50257 // 16) * 16
+    parameters = _gpt2_parameters(vocab, hidden=768, layers=12, seq_len=1024)
+    shards, fp32 = 16, 4
+    # MARS-AdamW (approx) keeps three fp32 tensors per parameter: both moments and the previous gradient.
+    assert report["per_chip"]["parameters"] == pytest.approx(parameters * fp32 / shards, rel=0.02)
+    assert report["per_chip"]["optimizer_state"] == pytest.approx(3 * parameters * fp32 / shards, rel=0.02)
+
+
+# ---------------------------------------------------------------------------------------------------- refusals
+# One layer (a fast compile) and 512 sequences of 1024 tokens per chip without remat: the attention scores alone are
+# 512 x 12 x 1024^2 floats, far beyond a v4 chip.
+_REFUSAL = (
+    "--config_path", SMALL_MARS, "--tpu_type", "v4-8", "--json", "--",
+    "--model.num_layers", "1", "--model.gradient_checkpointing", "false",
+    "--trainer.train_batch_size", "2048", "--trainer.per_device_parallelism", "512",
+)
+
+
+@pytest.fixture(scope="module")
+def refusal():
+    return run_preflight(*_REFUSAL, timeout=600)
+
+
+@pytest.mark.slow
+def test_a_step_that_cannot_fit_exits_2_naming_what_to_change(refusal):
+    proc = refusal
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    refusal = [line for line in proc.stderr.splitlines() if line.startswith("does not fit:")]
+    assert len(refusal) == 1, proc.stderr[-3000:]
+    for field in ("trainer.per_device_parallelism", "model.gradient_checkpointing", "--tpu_type (v4-16)"):
+        assert field in refusal[0]
+    report = last_json(proc)
+    assert report["fits"] is False and report["per_chip"]["total"] > report["hbm_bytes_per_chip"]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_hbm_table_matches_the_compilers_capacity(refusal):
+    """The compiler's out-of-memory verdict states what one device can hold: a whole v4 chip (megacore), at most the
+    table's 32 GiB (less what the runtime reserves) and far over one TensorCore's half."""
+    capacity = last_json(refusal)["compiler_hbm_bytes"]
+    assert 0.9 * 32 * GiB <= capacity <= 32 * GiB, capacity
+
+
+def test_a_batch_that_does_not_divide_is_refused_before_compiling():
+    proc = run_preflight("--config_path", SMALL_MARS, "--tpu_type", "v4-32", "--", "--trainer.train_batch_size", "100",
+                         timeout=300)
+    assert proc.returncode == 2
+    assert "trainer.train_batch_size=100" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_an_unknown_slice_is_refused():
+    proc = run_preflight("--config_path", SMALL_MARS, "--tpu_type", "v4-33", timeout=300)
+    assert proc.returncode == 2 and "--tpu_type" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_without_the_tpu_compiler_it_says_so_and_exits_2(tmp_path):
+    # A libtpu package that cannot load shadows the real one, as on a platform with no wheel.
+    (tmp_path / "libtpu").mkdir()
+    (tmp_path / "libtpu" / "__init__.py").write_text("raise ImportError('no libtpu for this platform')\n")
+    # (Importing jax here set TPU_LIBRARY_PATH to the real library: the child must not inherit it.)
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]), "TPU_LIBRARY_PATH": None}
+    proc = run_preflight("--config_path", SMALL_MARS, "--tpu_type", "v4-32", env=env, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "libtpu" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_libtpu_extra_is_the_version_the_pinned_jax_declares():
+    import importlib.metadata
+    import tomllib
+
+    declared = [r.split(";")[0].strip() for r in importlib.metadata.requires("jax") if r.startswith("libtpu")]
+    ours = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["tpu"]
+    assert [r.split(";")[0].strip() for r in ours] == declared
+    assert "'.[test,tpu]'" in (REPO / "Makefile").read_text()
+
+
+# ------------------------------------------------------------------------------------------------ the launcher
+BUCKET = ["--trainer.checkpointer.base_path", "gs://b/ckpt", "--data.cache_dir", "gs://b/tok"]
+
+
+def test_launch_dry_run_says_when_pre_flight_is_skipped(capsys, monkeypatch):
+    import yaml
+
+    from levanter_mars.infra import launch
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"started a process: {args!r}")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)  # skipped means no pre-flight process
+    code = launch.cli(["--dry_run", "--skip_preflight", "--config_path", SMALL_MARS, "--tpu_type", "v4-32", "--",
+                       *BUCKET])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    plan = next(yaml.safe_load_all(out))
+    assert plan["preflight"].startswith("skipped (--skip_preflight)")
+
+
+def test_launch_refuses_before_submitting_when_pre_flight_refuses(capsys, tmp_path, monkeypatch):
+    from levanter_mars.infra import launch, ray_job
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("submitted a job")
+
+    monkeypatch.setattr(ray_job, "submit", refuse)
+    # No TPU compiler (see the test above): pre-flight refuses in seconds, and the launcher must stop there.
+    (tmp_path / "libtpu").mkdir()
+    (tmp_path / "libtpu" / "__init__.py").write_text("raise ImportError('no libtpu for this platform')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(REPO / "src"), str(REPO)]))
+    monkeypatch.delenv("TPU_LIBRARY_PATH", raising=False)
+    code = launch.cli(["--config_path", SMALL_MARS, "--tpu_type", "v4-32", "--address", "http://127.0.0.1:1", "--",
+                       *BUCKET])
+    _, err = capsys.readouterr()
+    assert code == 2, err
+    assert "error: pre-flight refused, nothing was submitted: error: cannot build the TPU topology" in err

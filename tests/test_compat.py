@@ -806,6 +806,8 @@ def test_defect_7_levanter_loss_passes_a_float_where_mask_and_the_workaround_cas
     value, messages = loss_and_messages()
     assert not any("where must be None" in m for m in messages), messages
     assert value == pytest.approx(_plain_next_token_loss(*args[3:], float_mask), rel=1e-5)
+
+
 def test_defect_32_the_jitted_train_step_has_no_public_handle():
     import functools
 

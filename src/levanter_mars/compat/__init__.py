@@ -50,6 +50,14 @@ Levanter 1.2.dev1644:
 26. Ray's job config reaches the driver through an environment variable named only privately: :mod:`ray_jobs`.
 27. A task that fails to load is not named in Levanter's error (lm-eval pops its name first):
     :class:`lm_eval_harness.TaskErrorsNamed`.
+28. Every other family's ``hf_checkpoint_converter`` (Llama, Mistral, Qwen, Gemma, OLMo 2, Mixtral) loads its reference
+    checkpoint's tokenizer and config from the hub as it is built (``meta-llama/Llama-2-7b-hf``: 51 s of retries,
+    then ``OSError``): :func:`levanter_models.hf_converter` builds them from the model config and the data's tokenizer
+    (:func:`levanter_models.offline_family_converter`); :func:`levanter_models.hf_export_refusal` names a family with
+    no converter before anything compiles.
+29. Mixtral's transformer calls ``levanter.tracker.jit_log`` inside the loss, an ``io_callback`` with no JVP rule
+    ("IO callbacks do not support JVP"): :func:`levanter_models.differentiable_loss` defers it (the expert-load
+    metrics are dropped).
 
 Other pinned dependencies:
 

@@ -23,7 +23,8 @@ from levanter.compat.hf_checkpoints import save_hf_checkpoint_callback
 from levanter.models.lm_model import compute_next_token_loss
 from levanter.utils.jax_utils import parameter_count
 
-from levanter_mars.compat.levanter_models import hf_converter
+from levanter_mars.compat.levanter_models import differentiable_loss, hf_converter
+from levanter_mars.optim.roles import audit_model
 from levanter_mars.training.config import TrainLmConfig
 from levanter_mars.training.checkpointing.resume import ResumePlan
 from levanter_mars.training.trainer import MarsTrainer
@@ -38,7 +39,9 @@ def train_lm(config: TrainLmConfig, *, run_info: dict, resume: Optional[ResumePl
     tokenizer = config.data.the_tokenizer
     converter = hf_converter(config.model, tokenizer)
     optimizer = config.optimizer.build(config.trainer.num_train_steps)
-    loss_function = functools.partial(compute_next_token_loss, logsumexp_weight=config.z_loss_weight)
+    loss_function = differentiable_loss(
+        functools.partial(compute_next_token_loss, logsumexp_weight=config.z_loss_weight)
+    )
 
     with MarsTrainer(config.trainer, optimizer, loss_function, run_info=run_info, resume=resume) as trainer:
         data_key, _loader_key, model_key, training_key = jrandom.split(jrandom.PRNGKey(config.trainer.seed), 4)
@@ -48,6 +51,7 @@ def train_lm(config: TrainLmConfig, *, run_info: dict, resume: Optional[ResumePl
         # Partitioned dimensions must divide the mesh; tokenizers have odd sizes (GPT-2's 50257), so round up.
         Vocab = round_axis_for_partitioning(Axis("vocab", len(tokenizer)), trainer.parameter_axis_mapping)
 
+        _log_role_audit(config, Vocab)
         train_dataset = config.data.train_set(Pos, config.trainer.batch_schedule, key=data_key, epochs=config.epoch)
         state = trainer.initial_state(training_key, model_init=lambda: config.model.build(Vocab, key=model_key))
         if int(state.step) == 0 and config.initialize_from_checkpoint_path is not None:
@@ -68,6 +72,14 @@ def train_lm(config: TrainLmConfig, *, run_info: dict, resume: Optional[ResumePl
         train_loader = trainer.data_loader(train_dataset).iter_from_step(int(state.step))
         trainer.train(state, train_loader)
     trainer.tracker.finish()
+
+
+def _log_role_audit(config: TrainLmConfig, Vocab: Axis) -> None:
+    """Which optimizer branch every parameter takes (``python -m levanter_mars.optim.roles`` prints the same)."""
+    audit = audit_model(config.model, config.optimizer, Vocab.size)
+    logger.info("Tensor roles of model.type=%s:\n%s", type(config.model).__name__, audit.table())
+    for warning in audit.warnings:
+        logger.warning("Tensor roles: %s", warning)
 
 
 def _add_eval_loss(trainer: MarsTrainer, config: TrainLmConfig, tokenizer) -> None:

@@ -816,3 +816,56 @@ def test_defect_32_the_jitted_train_step_has_no_public_handle():
     assert not [name for name in dir(Trainer) if "jit" in name and not name.startswith("_")]
     assert isinstance(Trainer.__dict__["_jit_train_step_fn"], functools.cached_property)
     assert levanter_training.jitted_train_step.__doc__.startswith("Defect 32")
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen", "gemma", "olmo2", "mixtral"])
+def test_defect_33_family_converters_need_the_hub_and_the_workaround_does_not(family, tmp_path):
+    from haliax.partitioning import set_mesh
+    from levanter.models.lm_model import LmConfig
+
+    config = LmConfig.get_choice_class(family)(
+        hidden_dim=32, intermediate_dim=32, num_layers=1, num_heads=2, num_kv_heads=1, seq_len=16
+    )
+    with pytest.raises(Exception):
+        config.hf_checkpoint_converter()  # loads the reference checkpoint's tokenizer (offline in tests)
+
+    tokenizer = _word_level_tokenizer()
+    converter = levanter_models.hf_converter(config, tokenizer)
+    assert converter.reference_checkpoint is None and converter.tokenizer is tokenizer
+    model = config.build(hax.Axis("vocab", len(tokenizer)), key=jax.random.PRNGKey(0))
+    with set_mesh(jax.make_mesh((1,), ("data",))):
+        converter.save_pretrained(model, str(tmp_path), save_tokenizer=False)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["architectures"] == [converter.default_hf_config.architectures[0]]
+    assert saved["architectures"][0].endswith("ForCausalLM") and saved["vocab_size"] == len(tokenizer)
+
+
+def test_defect_33_a_family_without_a_converter_is_refused_by_name():
+    from levanter.models.gpt2_hyena import Gpt2HyenaConfig
+
+    assert "no HF converter for Gpt2HyenaConfig" in levanter_models.hf_export_refusal(Gpt2HyenaConfig())
+    assert levanter_models.hf_converter(Gpt2HyenaConfig(), _word_level_tokenizer()) is None
+
+
+def test_defect_34_mixtral_loss_cannot_be_differentiated_and_the_workaround_can():
+    from haliax.partitioning import set_mesh
+    from levanter.models.lm_model import LmExample, compute_next_token_loss
+    from levanter.models.mixtral import MixtralConfig
+    import levanter.tracker
+    from levanter.tracker import NoopTracker
+
+    config = MixtralConfig(hidden_dim=16, intermediate_dim=16, num_layers=1, num_heads=2, num_kv_heads=1, seq_len=8,
+                           n_routed_experts=2, num_experts_per_tok=1, use_flash_attention=False)
+    model = config.build(hax.Axis("vocab", 11), key=jax.random.PRNGKey(0))
+    tokens = hax.named(jnp.arange(8) % 11, config.Pos)
+    example = LmExample.causal(tokens)
+
+    def grad_of(loss_fn):
+        return eqx.filter_grad(lambda m: loss_fn(m, example, key=None).scalar())(model)
+
+    levanter.tracker.set_global_tracker(NoopTracker())
+    with set_mesh(jax.make_mesh((1,), ("data",))):
+        with pytest.raises(ValueError, match="IO callbacks do not support JVP"):
+            grad_of(compute_next_token_loss)
+        grads = grad_of(levanter_models.differentiable_loss(compute_next_token_loss))
+    assert all(bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads))

@@ -253,4 +253,21 @@ DEFECTS: tuple[Defect, ...] = (
         "compat.levanter_training.jitted_train_step",
         _COMPAT + "test_defect_32_the_jitted_train_step_has_no_public_handle",
     ),
+    Defect(
+        33,
+        LEVANTER,
+        "every other family's hf_checkpoint_converter (Llama, Mistral, Qwen, Gemma, OLMo 2, Mixtral) loads its "
+        "reference checkpoint's tokenizer and config from the hub as it is built (meta-llama/Llama-2-7b-hf: 51 s of "
+        "retries, then OSError)",
+        "compat.levanter_models.offline_family_converter",
+        _COMPAT + "test_defect_33_family_converters_need_the_hub_and_the_workaround_does_not",
+    ),
+    Defect(
+        34,
+        LEVANTER,
+        "Mixtral's transformer calls levanter.tracker.jit_log inside the loss, an io_callback with no JVP rule (IO "
+        "callbacks do not support JVP)",
+        "compat.levanter_models.differentiable_loss",
+        _COMPAT + "test_defect_34_mixtral_loss_cannot_be_differentiated_and_the_workaround_can",
+    ),
 )

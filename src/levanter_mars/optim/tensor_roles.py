@@ -7,10 +7,13 @@ scanned layers (``haliax.nn.Stacked``) add a leading layer axis, so a LayerNorm 
 
 * ``haliax.nn.Linear.weight`` is one matrix of (all ``Out`` axes) x (all ``In`` axes), whatever order it is stored
   in; rows are ``Out``, as in ``torch.nn.Linear``.
+* ``haliax.nn.MoELinear.weight`` (Mixtral's experts, ``[layers, experts, out, in]``) is one ``Out`` x ``In`` matrix
+  *per expert*: the ``Experts`` axis is a per-tensor axis like the layer axis, since HF Mixtral keeps one
+  ``nn.Linear`` per expert and the official code routes each as a 2-D matrix. Its bias is a per-expert vector.
 * ``haliax.nn.Embedding.weight`` is a ``Vocab`` x ``Embed`` matrix.
 * Every other named array (LayerNorm weights and biases, Linear biases, ...) is a vector: it takes the
   separate AdamW branch unless ``optimize_1d``.
-* The ``Block`` axis of every enclosing ``haliax.nn.Stacked`` is a *layer axis*: per-tensor quantities (the clip
+* The ``Block`` axis of every enclosing ``haliax.nn.Stacked`` (and an ``MoELinear``'s ``Experts``) is a *layer axis*: per-tensor quantities (the clip
   norm, Newton-Schulz, the Shampoo factor) are computed per layer, so a stacked model is optimized exactly as if
   each layer were its own tensor.
 * Plain (unnamed) arrays follow the reference: two dimensions mean a matrix of (rows = dim 0, cols = dim 1).
@@ -28,6 +31,7 @@ import haliax as hax
 import haliax.nn as hnn
 import jax
 from haliax.jax_utils import is_jax_array_like
+from haliax.nn.normalization import LayerNormBase
 
 
 class TensorKind(enum.Enum):
@@ -45,6 +49,8 @@ class TensorRole:
         rows, cols: for named matrices, the axis names that form the rows (``Out``) and the columns (``In``).
             ``None`` for plain arrays, whose rows and columns are dims 0 and 1 (after the layer dims).
         embedding: an ``Embedding`` table (a matrix to MARS; MARS-M gives embeddings to AdamW).
+        by_rule: a registered rule decided the role; False for the generic fallback (any other named array, and
+            plain arrays), which the role audit warns about when such a vector has more than one non-layer axis.
     """
 
     kind: TensorKind
@@ -52,6 +58,7 @@ class TensorRole:
     rows: tuple[str, ...] | None = None
     cols: tuple[str, ...] | None = None
     embedding: bool = False
+    by_rule: bool = True
 
     @property
     def is_matrix(self) -> bool:
@@ -97,8 +104,23 @@ def _embedding_rule(embedding: hnn.Embedding, layer_axes: tuple[str, ...]) -> hn
     return _replace_if_array(embedding, weight=weight)
 
 
+def _moe_linear_rule(linear: hnn.MoELinear, layer_axes: tuple[str, ...]) -> hnn.MoELinear:
+    per_expert = layer_axes + _axis_names(linear.Experts)
+    weight = TensorRole(TensorKind.MATRIX, per_expert, rows=_axis_names(linear.Out), cols=_axis_names(linear.In))
+    return _replace_if_array(linear, weight=weight, bias=TensorRole(TensorKind.VECTOR, per_expert))
+
+
+def _norm_rule(norm: LayerNormBase, layer_axes: tuple[str, ...]) -> LayerNormBase:
+    # A norm's scale and bias are vectors whatever their axes (OLMo 2's q_norm is [kv_head, q_heads_per_group,
+    # head_size]; HF stores it 1-D).
+    vector = TensorRole(TensorKind.VECTOR, layer_axes)
+    return _replace_if_array(norm, weight=vector, bias=vector)
+
+
 register_tensor_role_rule(hnn.Linear, _linear_rule)
+register_tensor_role_rule(hnn.MoELinear, _moe_linear_rule)
 register_tensor_role_rule(hnn.Embedding, _embedding_rule)
+register_tensor_role_rule(LayerNormBase, _norm_rule)
 
 
 def _rule_for(node: Any) -> RoleRule | None:
@@ -128,11 +150,11 @@ def tensor_roles(tree: Any, layer_axes: Sequence[str] = ()) -> Any:
             # Fields the rule does not claim (a subclass's extra parameters, say) are classified generically.
             return jax.tree.map(visit, claimed, is_leaf=lambda x: x is not claimed and is_leaf(x))
         if hax.is_named_array(node):
-            return TensorRole(TensorKind.VECTOR, layer_axes)
+            return TensorRole(TensorKind.VECTOR, layer_axes, by_rule=False)
         if is_jax_array_like(node):
             per_layer_ndim = len(node.shape) - len(layer_axes)
             kind = TensorKind.MATRIX if per_layer_ndim == 2 else TensorKind.VECTOR
-            return TensorRole(kind, layer_axes)
+            return TensorRole(kind, layer_axes, by_rule=False)
         return node
 
     return jax.tree.map(visit, tree, is_leaf=is_leaf)

@@ -24,7 +24,8 @@ from levanter.models.lm_model import compute_next_token_loss
 from levanter.utils.jax_utils import parameter_count
 
 from levanter_mars.compat.levanter_loss import boolean_loss_masks
-from levanter_mars.compat.levanter_models import hf_converter
+from levanter_mars.compat.levanter_models import differentiable_loss, hf_converter
+from levanter_mars.optim.roles import audit_model
 from levanter_mars.training.config import TrainLmConfig
 from levanter_mars.training.checkpointing.resume import ResumePlan
 from levanter_mars.training.trainer import MarsTrainer
@@ -36,7 +37,7 @@ HookInstaller = Callable[[MarsTrainer, object], None]
 
 
 def train_lm(config: TrainLmConfig, *, run_info: dict, resume: Optional[ResumePlan], add_hooks: HookInstaller):
-    boolean_loss_masks()  # the training and eval losses, on jax >= 0.8 (compat entry 28)
+    boolean_loss_masks()  # the training and eval losses, on jax >= 0.8 (compat entry 7)
     tokenizer = config.data.the_tokenizer
     converter = hf_converter(config.model, tokenizer)
 
@@ -47,6 +48,7 @@ def train_lm(config: TrainLmConfig, *, run_info: dict, resume: Optional[ResumePl
         Pos = config.model.Pos
         Vocab = vocab_axis(len(tokenizer), trainer)
 
+        _log_role_audit(config, Vocab)
         train_dataset = config.data.train_set(Pos, config.trainer.batch_schedule, key=data_key, epochs=config.epoch)
         state = trainer.initial_state(training_key, model_init=lambda: config.model.build(Vocab, key=model_key))
         if int(state.step) == 0 and config.initialize_from_checkpoint_path is not None:
@@ -72,13 +74,23 @@ def train_lm(config: TrainLmConfig, *, run_info: dict, resume: Optional[ResumePl
 def build_trainer(config: TrainLmConfig, *, run_info: dict, resume: Optional[ResumePlan]) -> MarsTrainer:
     """The trainer, its optimizer and loss, as training runs them (pre-flight compiles the same step)."""
     optimizer = config.optimizer.build(config.trainer.num_train_steps)
-    loss_function = functools.partial(compute_next_token_loss, logsumexp_weight=config.z_loss_weight)
+    loss_function = differentiable_loss(
+        functools.partial(compute_next_token_loss, logsumexp_weight=config.z_loss_weight)
+    )
     return MarsTrainer(config.trainer, optimizer, loss_function, run_info=run_info, resume=resume)
 
 
 def vocab_axis(vocab_size: int, trainer: MarsTrainer) -> Axis:
     # Partitioned dimensions must divide the mesh; tokenizers have odd sizes (GPT-2's 50257), so round up.
     return round_axis_for_partitioning(Axis("vocab", vocab_size), trainer.parameter_axis_mapping)
+
+
+def _log_role_audit(config: TrainLmConfig, Vocab: Axis) -> None:
+    """Which optimizer branch every parameter takes (``python -m levanter_mars.optim.roles`` prints the same)."""
+    audit = audit_model(config.model, config.optimizer, Vocab.size)
+    logger.info("Tensor roles of model.type=%s:\n%s", type(config.model).__name__, audit.table())
+    for warning in audit.warnings:
+        logger.warning("Tensor roles: %s", warning)
 
 
 def _add_eval_loss(trainer: MarsTrainer, config: TrainLmConfig, tokenizer) -> None:

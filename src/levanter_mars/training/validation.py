@@ -165,7 +165,20 @@ def check_mesh(trainer, device_count: int | None = None) -> None:
             )
 
 
+#: Model types Levanter registers that this language-model trainer cannot train, and why.
+UNTRAINABLE_MODEL_TYPES = {"whisper": "an audio encoder-decoder, not a causal language model"}
+
+
+def model_type_name(model) -> str:
+    from levanter.models.lm_model import LmConfig
+
+    return LmConfig.get_choice_name(type(model)) or type(model).__name__
+
+
 def check_model(model) -> None:
+    name = model_type_name(model)
+    if name in UNTRAINABLE_MODEL_TYPES:
+        raise ConfigError(f"model.type={name} is not supported by levanter_mars: {UNTRAINABLE_MODEL_TYPES[name]}")
     hidden, heads = getattr(model, "hidden_dim", None), getattr(model, "num_heads", None)
     if _is_number(hidden) and _is_number(heads) and (heads < 1 or hidden % heads != 0):
         raise ConfigError(f"model.hidden_dim={hidden} must be a multiple of model.num_heads={heads}")
@@ -249,6 +262,15 @@ def check_supported(config: TrainLmConfig) -> None:
     for name, instead in UNSUPPORTED.items():
         if getattr(config, name, False):
             raise ConfigError(f"{name} is not supported by levanter_mars.main.train_lm: {instead}")
+    if config.hf_save_path is not None:
+        from levanter_mars.compat.levanter_models import hf_export_refusal
+
+        why = hf_export_refusal(config.model)
+        if why is not None:
+            raise ConfigError(
+                f"hf_save_path is set, but model.type={model_type_name(config.model)} cannot be exported to HF "
+                f"offline: {why}. Unset hf_save_path (Levanter checkpoints are still written)"
+            )
 
 
 def validate(config: TrainLmConfig, *, device_count: int | None = None) -> None:

@@ -1,0 +1,204 @@
+"""The role audit: which optimizer branch every parameter takes, counted before anything compiles.
+
+Three branches, decided by :func:`~levanter_mars.optim.tensor_roles.tensor_roles`:
+
+* **MARS matrix**: a ``Linear`` (or ``MoELinear``, per expert) weight other than the LM head;
+* **embedding/head**: an ``Embedding`` table, or a matrix whose rows are an embedding's vocabulary (an untied LM
+  head). MARS treats these as matrices; MARS-M gives them AdamW, as its official trainer does;
+* **AdamW/1-D**: everything else (norms, biases), MARS's 1-D AdamW branch unless ``optimize_1d``.
+
+The table counts tensors, the per-layer (and per-expert) matrices or vectors the update sees, and parameters; the
+parameters add up to the model's total. A tensor that no rule makes a matrix but that has more than one axis besides
+its layer axes is a warning naming it: it would otherwise take the 1-D branch silently.
+
+``python -m levanter_mars.optim.roles --config_path X`` prints the table for a training config without training; the
+trainer logs the same table before its first step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+from typing import Any, Sequence
+
+import haliax as hax
+import jax
+
+from levanter_mars.optim.tensor_roles import TensorRole, is_role, tensor_roles
+
+MATRIX, EMBEDDING_OR_HEAD, VECTOR = "MARS matrix", "embedding/head", "AdamW/1-D"
+BRANCHES = (MATRIX, EMBEDDING_OR_HEAD, VECTOR)
+
+
+@dataclasses.dataclass(frozen=True)
+class BranchCount:
+    branch: str
+    update: str
+    tensors: int
+    per_layer: int
+    parameters: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RoleAudit:
+    rows: tuple[BranchCount, ...]
+    total_parameters: int
+    """Counted over the parameter tree's leaves, independently of the branches."""
+    warnings: tuple[str, ...]
+    branch_of: dict[str, str]
+    """``{path: branch}`` for every tensor."""
+
+    def table(self) -> str:
+        header = f"{'branch':<16} {'update':<22} {'tensors':>8} {'per-layer':>10} {'parameters':>14} {'share':>7}"
+        lines = [header, "-" * len(header)]
+        for r in self.rows:
+            share = r.parameters / self.total_parameters if self.total_parameters else 0.0
+            lines.append(
+                f"{r.branch:<16} {r.update:<22} {r.tensors:>8} {r.per_layer:>10} {r.parameters:>14,} {share:>7.2%}"
+            )
+        counted = sum(r.parameters for r in self.rows)
+        lines.append(
+            f"{'total':<16} {'':<22} {sum(r.tensors for r in self.rows):>8} {sum(r.per_layer for r in self.rows):>10} "
+            f"{counted:>14,} {'':>7}  (model: {self.total_parameters:,})"
+        )
+        return "\n".join(lines)
+
+
+def branch_updates(optimizer: Any) -> dict[str, str]:
+    """What each branch's tensors receive from ``optimizer`` (a Levanter ``OptimizerConfig``)."""
+    from levanter_mars.optim.levanter_config import MarsMConfig, MarsOptimizerConfig
+
+    if isinstance(optimizer, MarsMConfig):
+        efficient = " (efficient)" if optimizer.efficient else ""
+        return {MATRIX: f"MARS-M{efficient}", EMBEDDING_OR_HEAD: "AdamW", VECTOR: "AdamW"}
+    if isinstance(optimizer, MarsOptimizerConfig):
+        mars = f"MARS-{optimizer.variant}" + (" exact" if optimizer.exact else "")
+        return {MATRIX: mars, EMBEDDING_OR_HEAD: mars, VECTOR: mars if optimizer.optimize_1d else "AdamW (1-D)"}
+    name = type(optimizer).__name__
+    return {branch: f"{name} (not MARS)" for branch in BRANCHES}
+
+
+def _is_parameter(x: Any) -> bool:
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and jax.numpy.issubdtype(dtype, jax.numpy.inexact)
+
+
+def _size(x: Any) -> int:
+    return math.prod(x.array.shape if hax.is_named_array(x) else x.shape)
+
+
+def _non_layer_axes(role: TensorRole, x: Any) -> tuple[str, ...] | int:
+    if hax.is_named_array(x):
+        return tuple(a.name for a in x.axes if a.name not in role.layer_axes)
+    return len(x.shape) - len(role.layer_axes)
+
+
+def _per_layer_count(role: TensorRole, x: Any) -> int:
+    if not role.layer_axes:
+        return 1
+    if hax.is_named_array(x):
+        return math.prod(x.axis_size(name) for name in role.layer_axes)
+    return math.prod(x.shape[: len(role.layer_axes)])
+
+
+def audit_roles(params: Any, optimizer: Any) -> RoleAudit:
+    """The audit of a parameter tree (real arrays or ``jax.eval_shape`` structs) for ``optimizer``."""
+    roles = tensor_roles(params)
+    flat_roles, _ = jax.tree_util.tree_flatten_with_path(roles, is_leaf=is_role)
+    flat_params = jax.tree_util.tree_flatten_with_path(params, is_leaf=hax.is_named_array)[0]
+    # Parameters are the floating-point arrays (as Levanter's parameter_count has it), not flags such as dropout's.
+    arrays = {jax.tree_util.keystr(path): x for path, x in flat_params if _is_parameter(x)}
+    vocab = {name for _, role in flat_roles if is_role(role) and role.embedding for name in role.rows or ()}
+
+    counts = {branch: [0, 0, 0] for branch in BRANCHES}
+    branch_of, warnings = {}, []
+    for path, role in flat_roles:
+        name = jax.tree_util.keystr(path)
+        if not is_role(role) or name not in arrays:
+            continue
+        x = arrays[name]  # a NamedArray's role sits where the NamedArray sat
+        if role.is_matrix:
+            head = role.embedding or bool(vocab.intersection(role.rows or ()))
+            branch = EMBEDDING_OR_HEAD if head else MATRIX
+        else:
+            branch = VECTOR
+            extra = _non_layer_axes(role, x)
+            if not role.by_rule and (len(extra) if isinstance(extra, tuple) else extra) > 1:
+                warnings.append(
+                    f"{name}: no rule makes this tensor a matrix, but it has {extra} besides its layer axes "
+                    f"{role.layer_axes}; it takes the 1-D branch (declare it with register_tensor_role_rule)"
+                )
+        branch_of[name] = branch
+        for i, n in enumerate((1, _per_layer_count(role, x), _size(x))):
+            counts[branch][i] += n
+
+    total = sum(_size(x) for x in arrays.values())
+    updates = branch_updates(optimizer)
+    rows = tuple(BranchCount(b, updates[b], *counts[b]) for b in BRANCHES)
+    return RoleAudit(rows, total, tuple(warnings), branch_of)
+
+
+def audit_model(model_config: Any, optimizer: Any, vocab_size: int) -> RoleAudit:
+    """Audits ``model_config`` built abstractly (``jax.eval_shape``: nothing is allocated or compiled)."""
+    Vocab = hax.Axis("vocab", vocab_size)
+    model = jax.eval_shape(lambda: model_config.build(Vocab, key=jax.random.PRNGKey(0)))
+    return audit_roles(model, optimizer)
+
+
+def _load_sections(config_path: str) -> dict:
+    from draccus.parsers.yaml_loader import SafeLoaderWithInclusion
+    import yaml
+
+    with open(config_path) as f:
+        return yaml.load(f, SafeLoaderWithInclusion) or {}
+
+
+def _vocab_size(sections: dict, config_path: str) -> int:
+    """The size of the data config's tokenizer, if it is a local directory: the audit never contacts the hub."""
+    import os
+
+    tokenizer = (sections.get("data") or {}).get("tokenizer")
+    if not tokenizer or not os.path.isdir(os.path.expanduser(tokenizer)):
+        raise ValueError(
+            f"data.tokenizer {tokenizer!r} is not a local tokenizer directory (a hub name, or the embedded corpus "
+            "not built yet): pass --vocab_size"
+        )
+    from levanter.compat.hf_checkpoints import load_tokenizer
+
+    return len(load_tokenizer(os.path.expanduser(tokenizer)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Print which optimizer branch every parameter of a config takes.")
+    parser.add_argument("--config_path", required=True)
+    parser.add_argument(
+        "--vocab_size", type=int, default=None, help="default: the size of data.tokenizer, if a local directory"
+    )
+    args = parser.parse_args(argv)
+
+    import draccus
+    from levanter.models.lm_model import LmConfig
+    from levanter.optim import OptimizerConfig
+
+    import levanter_mars.optim.levanter_config  # noqa: F401  (registers the mars-* optimizer types)
+
+    try:
+        sections = _load_sections(args.config_path)
+        model = draccus.decode(LmConfig, sections.get("model") or {"type": "gpt2"})
+        optimizer = draccus.decode(OptimizerConfig, sections.get("optimizer") or {"type": "mars-adamw"})
+        vocab_size = args.vocab_size or _vocab_size(sections, args.config_path)
+    except (OSError, draccus.utils.DecodingError, ValueError) as e:
+        print(f"error: {args.config_path}: {e}", file=sys.stderr)
+        return 2
+    audit = audit_model(model, optimizer, vocab_size)
+    print(f"Tensor roles of {args.config_path} (model.type={type(model).__name__}, vocab {vocab_size}):")
+    print(audit.table())
+    for warning in audit.warnings:
+        print(f"warning: {warning}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""Levanter's LM families through the CLI: refusals before anything compiles, the role audit CLI, and (slow) nano
+Llama and nano Mixtral trained offline with MARS-AdamW and MARS-M, with the audit in the log, the eval loss, an HF
+export, and a bitwise resume after kill -9."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from levanter_mars.optim import roles
+from tests.helpers.training import (
+    REPO,
+    describe_failure,
+    kill_when,
+    losses,
+    output,
+    run_cli,
+    run_cli_in_process,
+    run_paths,
+    start_cli,
+    tiny_config,
+)
+
+
+def _config(tmp_path, corpus, run_id, model, extra=None):
+    """The tiny config with its ``model:`` section replaced by ``model`` (not merged into GPT-2's)."""
+    config = tiny_config(tmp_path, corpus, run_id, extra)
+    text = yaml.safe_load(config.read_text())
+    text["model"] = model
+    config.write_text(yaml.safe_dump(text, sort_keys=False))
+    return config
+
+
+@pytest.mark.parametrize(
+    "model,extra,expected",
+    [
+        ({"type": "whisper"}, {}, "model.type=whisper is not supported"),
+        ({"type": "llama", "hidden_dim": 48, "num_heads": 4, "num_kv_heads": 3}, {},
+         "num_heads=4 not divisible by num_kv_heads=3"),  # Levanter's own check, reported as a config error
+        ({"type": "gpt2_hyena"}, {"hf_save_path": "hf", "hf_save_steps": 5},
+         "hf_save_path is set, but model.type=gpt2_hyena cannot be exported to HF offline"),
+    ],
+)
+def test_unsupported_families_and_features_are_refused_naming_them(tmp_path, pydocs_corpus, capsys, model, extra,
+                                                                   expected):
+    config = _config(tmp_path, pydocs_corpus, "refused", model, extra)
+    code, out = run_cli_in_process(capsys, config)
+    assert code == 2 and expected in out and "model" in out, out[-2000:]
+    assert not run_paths(tmp_path, "refused")["metrics"].exists()
+
+
+def test_role_audit_cli_prints_the_table_without_training(capsys):
+    code = roles.main(["--config_path", str(REPO / "config" / "nano_mixtral_mars_m.yaml"), "--vocab_size", "4096"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    lines = {line.split("  ")[0].strip(): line for line in out.splitlines()}
+    assert "MARS-M" in lines["MARS matrix"] and "AdamW" in lines["embedding/head"]
+    # 2 layers x (q, k, v, o, router) + 2 layers x 4 experts x (w1, w2, w3) per-layer matrices.
+    assert lines["MARS matrix"].split()[3:5] == ["8", "34"], lines["MARS matrix"]
+    counted = int(lines["total"].split()[3].replace(",", ""))
+    assert f"(model: {counted:,})" in lines["total"]
+
+
+def test_role_audit_cli_never_contacts_the_hub_for_a_tokenizer(capsys):
+    code = roles.main(["--config_path", str(REPO / "config" / "gpt2_small_mars.yaml")])
+    err = capsys.readouterr().err
+    assert code == 2 and "data.tokenizer 'gpt2' is not a local tokenizer directory" in err and "--vocab_size" in err
+
+
+LADDER = {"150m": 74.3e6, "300m": 179.8e6, "600m": 442.7e6, "1_4b": 1111.9e6}
+
+
+@pytest.mark.parametrize("size", sorted(LADDER))
+def test_llama_ladder_configs_share_model_and_trainer_across_optimizers(size):
+    from levanter_mars.optim.roles import audit_model
+    from levanter_mars.training.config import parse_config
+
+    configs = {opt: parse_config(["--config_path", str(REPO / "config" / f"llama_{size}_{opt}.yaml")])
+               for opt in ("mars", "mars_m", "adamw")}
+    assert {type(c.optimizer).__name__ for c in configs.values()} == {"MarsAdamWConfig", "MarsMConfig", "AdamConfig"}
+    models = {c.model for c in configs.values()}
+    assert len(models) == 1 and type(configs["mars"].model).__name__ == "LlamaConfig"
+    assert len({(c.trainer.train_batch_size, c.trainer.num_train_steps) for c in configs.values()}) == 1
+    audit = audit_model(configs["mars"].model, configs["mars"].optimizer, 50257)
+    assert audit.total_parameters == pytest.approx(LADDER[size], rel=1e-3)
+    assert audit.warnings == ()
+
+
+# --- Training (slow): nano Llama and nano Mixtral, each with MARS-AdamW and MARS-M, a few steps each. -------------
+
+NANO = {
+    (family, optimizer): REPO / "config" / f"nano_{family}_{optimizer}.yaml"
+    for family in ("llama", "mixtral")
+    for optimizer in ("mars", "mars_m")
+}
+STEPS = 6
+
+
+def _nano_config(workdir: Path, corpus: Path, family: str, optimizer: str, run_id: str) -> Path:
+    """The shipped nano config, shrunk to a few steps, pointing into ``workdir``."""
+    base = yaml.safe_load(NANO[family, optimizer].read_text())
+    overrides = {
+        "model": dict(base["model"], seq_len=64),
+        "optimizer": base["optimizer"],
+        "trainer": {"train_batch_size": 8, "num_train_steps": STEPS, "steps_per_eval": 3, "max_eval_batches": 2,
+                    "checkpointer": {"keep": [{"every": 3}]}},
+        "hf_save_path": str(workdir / "hf" / run_id),
+        "hf_save_steps": STEPS,
+    }
+    return tiny_config(workdir, corpus, run_id, overrides)
+
+
+@pytest.fixture(scope="module")
+def nano_runs(tmp_path_factory, pydocs_corpus):
+    """``(workdir, run)``: ``run(family, optimizer)`` trains that nano config once per module, on first use (each test
+    pays for its own run, so no single test outlives the per-test timeout)."""
+    workdir = tmp_path_factory.mktemp("families")
+    runs = {}
+
+    def run(family: str, optimizer: str):
+        if (family, optimizer) not in runs:
+            run_id = f"nano-{family}-{optimizer}"
+            config = _nano_config(workdir, pydocs_corpus, family, optimizer, run_id)
+            proc = run_cli(config)
+            assert proc.returncode == 0, describe_failure(proc)
+            runs[family, optimizer] = (config, proc, run_paths(workdir, run_id), workdir / "hf" / run_id)
+        return runs[family, optimizer]
+
+    return workdir, run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,optimizer", sorted(NANO))
+def test_nano_family_trains_offline_evaluates_and_exports(nano_runs, family, optimizer):
+    _, run = nano_runs
+    config, proc, paths, hf_dir = run(family, optimizer)
+    log = output(proc)
+    train = losses(paths["metrics"])
+    evals = losses(paths["metrics"], "eval/loss")
+    assert sorted(train) == list(range(STEPS)) and all(v == v for v in train.values())
+    assert len(evals) >= 2 and evals[max(evals)] < evals[min(evals)], evals
+    # The role audit before training; Mixtral's experts among the MARS matrices.
+    assert "Tensor roles of model.type=" in log and "MARS matrix" in log
+    matrices = next(line for line in log.splitlines() if line.startswith("MARS matrix"))
+    assert matrices.split()[3:5] == (["8", "34"] if family == "mixtral" else ["7", "14"]), matrices
+    hf_config = json.loads(next(hf_dir.rglob("config.json")).read_text())
+    assert hf_config["architectures"] == [{"llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM"}[family]]
+    assert hf_config["vocab_size"] >= 4096  # the corpus's own tokenizer, not Llama-2's 32000
+    assert "huggingface.co" not in log
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_nano_mixtral_resumes_bitwise_after_kill_9(nano_runs, pydocs_corpus):
+    workdir, run = nano_runs
+    _, _, reference, _ = run("mixtral", "mars_m")
+    config = _nano_config(workdir, pydocs_corpus, "mixtral", "mars_m", "nano-mixtral-killed")
+    paths = run_paths(workdir, "nano-mixtral-killed")
+    proc = start_cli(config, log_path=workdir / "killed.log")
+    # Killed once the step-3 checkpoint is complete (Levanter writes metadata.json last), mid-way through step 4 or 5.
+    complete = paths["checkpoints"] / "step-3" / "metadata.json"
+    assert kill_when(proc, complete.exists, timeout=900), "finished before the kill"
+    assert not (paths["checkpoints"] / "step-5").exists()
+    rerun = run_cli(config)
+    assert rerun.returncode == 0, describe_failure(rerun)
+    assert "Resuming from" in output(rerun) and "step-3" in output(rerun), output(rerun)[-3000:]
+    assert losses(paths["metrics"]) == losses(reference["metrics"])

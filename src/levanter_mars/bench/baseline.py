@@ -9,6 +9,7 @@ duration of the import; the optimizers built from it keep their own module globa
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import io
@@ -50,6 +51,27 @@ def _ours(name: str) -> bool:
     return name == PACKAGE or name.startswith(f"{PACKAGE}.")
 
 
+@contextlib.contextmanager
+def _levanter_choices_kept():
+    """The earlier package registers its own ``mars-*`` config classes with Levanter's ``OptimizerConfig`` as it is
+    imported, under the names the current package holds (draccus refuses a second class for a name): the current
+    registrations are set aside for the import and put back after it."""
+    try:
+        from levanter.optim import OptimizerConfig
+    except ImportError:
+        yield
+        return
+    choices = OptimizerConfig.get_known_choices()  # draccus hands out the registry itself
+    kept = dict(choices)
+    for name in [name for name, cls in choices.items() if _ours(cls.__module__)]:
+        del choices[name]
+    try:
+        yield
+    finally:
+        choices.clear()
+        choices.update(kept)
+
+
 @functools.cache
 def load_optim(ref: str) -> ModuleType:
     """``levanter_mars.optim`` as of git ``ref`` (read and imported once per process); the current modules are back in
@@ -61,7 +83,8 @@ def load_optim(ref: str) -> ModuleType:
         del sys.modules[name]
     sys.path.insert(0, str(source / "src"))
     try:
-        return importlib.import_module(OPTIM)
+        with _levanter_choices_kept():
+            return importlib.import_module(OPTIM)
     finally:
         sys.path.remove(str(source / "src"))
         for name in [name for name in sys.modules if _ours(name)]:

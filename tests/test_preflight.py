@@ -175,8 +175,10 @@ def test_libtpu_extra_is_the_version_the_pinned_jax_declares():
     import tomllib
 
     declared = [r.split(";")[0].strip() for r in importlib.metadata.requires("jax") if r.startswith("libtpu")]
+    locked = [line.strip() for line in (REPO / "constraints.txt").read_text().splitlines() if line.startswith("libtpu==")]
+    assert locked == declared
     ours = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["tpu"]
-    assert [r.split(";")[0].strip() for r in ours] == declared
+    assert [r.split(";")[0].strip() for r in ours] == ["jax[tpu]>=0.7.2"]
     assert "'.[test,tpu]'" in (REPO / "Makefile").read_text()
 
 

@@ -17,14 +17,11 @@ from tests.helpers.faults import prelude
 from tests.helpers.training import (
     REFERENCE_MODES,
     describe_failure,
-    kill_when,
-    last_step,
     losses,
     output,
     rerun_matches_reference,
     run_cli,
     run_paths,
-    start_cli,
     tiny_config,
 )
 
@@ -82,12 +79,9 @@ def test_kill_right_after_a_checkpoint(workdir, pydocs_corpus, reference_runs):
 # checkpointer would crash on before any of our code could skip it.
 @pytest.mark.parametrize("corruption", ["bad_metadata"])
 def test_corrupt_newest_checkpoint_is_skipped(workdir, pydocs_corpus, reference_runs, corruption):
-    run_id = f"corrupt-{corruption}"
-    config = tiny_config(workdir, pydocs_corpus, run_id)
-    paths = run_paths(workdir, run_id)
-    proc = start_cli(config, log_path=workdir / f"{run_id}.log")
-    assert kill_when(proc, lambda: (paths["checkpoints"] / "step-20" / MANIFEST_NAME).exists() and
-                     last_step(paths["metrics"]) >= 22)
+    # Killed by the fault hook right after step 20's manifest: a poll could miss the window and let the run finish.
+    config, paths, _ = _run_with_fault(workdir, pydocs_corpus, f"corrupt-{corruption}", "install_kill_after_manifest",
+                                       -9, step=20)
     newest = paths["checkpoints"] / "step-20"
     files = sorted((p for p in newest.rglob("*") if p.is_file() and p.name not in (MANIFEST_NAME, "metadata.json")),
                    key=lambda p: p.stat().st_size)

@@ -34,8 +34,8 @@ def test_eight_devices_match_one(multidevice_results, case):
     assert result["params_are_sharded"]
     assert result["max_rel_diff"] < TOLERANCE, result
     assert result["mu_sharded_like_params"], result
-    # The efficient form keeps no previous gradient; the others keep one per Linear weight (4 stacked here), or the
-    # previous parameters (exact), each sharded like its parameter.
+    # The efficient form keeps no previous gradient; the others keep one per Linear weight (4 stacked in GPT-2; 3 in
+    # the Levanter-free model .ci/newest uses), or the previous parameters (exact), each sharded like its parameter.
     assert result["prev_sharding"]["mismatched"] == {}, result
     assert (result["prev_sharding"]["compared"] == 0) == (case == "efficient"), result
-    assert case == "efficient" or result["prev_sharding"]["compared"] >= 4, result
+    assert case == "efficient" or result["prev_sharding"]["compared"] >= 3, result

@@ -35,7 +35,7 @@ if __name__ == "__main__":
 
     import jax
 
-    from levanter_mars.eval.train_config import parse_train_config
+    from levanter_mars.program_config import parse_train_config
     from levanter_mars.infra.preflight.step import compile_program, lower_train_step
     from levanter_mars.infra.preflight.topology import abstract_devices
     from levanter_mars.main.preflight import vocabulary

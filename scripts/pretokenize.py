@@ -17,7 +17,7 @@ import sys
 from levanter_mars.training.data import cache_check
 from levanter_mars.training.data import sources as data_lib
 from levanter_mars.training.data import pydocs_corpus
-from levanter_mars.eval.train_config import parse_train_config
+from levanter_mars.program_config import parse_train_config
 from levanter_mars.training.config import ConfigError
 
 

@@ -8,7 +8,7 @@ import haliax as hax
 import jax
 import pytest
 
-from levanter_mars.eval.train_config import parse_train_config
+from levanter_mars.program_config import parse_train_config
 from levanter_mars.training.config import ConfigError
 from levanter_mars.training.validation import check_placeholders
 

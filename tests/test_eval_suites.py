@@ -7,7 +7,7 @@ import pytest
 
 from levanter_mars.eval.report import TableColumn
 from levanter_mars.eval.suite import EvalDatasetError, EvalSuiteConfig, TaskSpecError, resolve_task_spec
-from levanter_mars.eval.train_config import parse_train_config
+from levanter_mars.program_config import parse_train_config
 from levanter_mars.training.config import parse_config
 from tests.helpers.evals import LOCAL_TASKS, OFFLINE_SUITE
 from tests.helpers.training import REPO, TINY_CONFIG

@@ -11,7 +11,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from levanter_mars.eval.train_config import parse_train_config
+from levanter_mars.program_config import parse_train_config
 from levanter_mars.infra import host, launch
 from levanter_mars.training.run import fresh
 from levanter_mars.training.run.identity import checkpoint_dir

@@ -105,7 +105,7 @@ def prepare_corpus(base: Mapping[str, Any], workdir: Path, overrides: Optional[M
     only read them."""
     from levanter_mars.training.data import cache_check
     from levanter_mars.training.data import sources as data_lib
-    from levanter_mars.eval.train_config import parse_train_config
+    from levanter_mars.program_config import parse_train_config
 
     config = run_config(base, SWEEP[0], SWEEP[0].learning_rates[0], 0, workdir, overrides)
     path = workdir / "configs" / "corpus.yaml"

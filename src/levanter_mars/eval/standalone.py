@@ -39,7 +39,7 @@ from levanter_mars.compat.levanter_models import hf_converter
 from levanter_mars.compat.lm_eval_harness import run_eval_harness
 from levanter_mars.eval import report
 from levanter_mars.eval.suite import EvalSuiteConfig
-from levanter_mars.eval.train_config import TrainAndEvalConfig, parse_train_config
+from levanter_mars.program_config import TrainAndEvalConfig, parse_train_config
 from levanter_mars.training.checkpointing.audit import STEP_DIR, audit_checkpoint, audit_run
 from levanter_mars.training.checkpointing.storage import METADATA_NAME
 from levanter_mars.training.errors import CheckpointError

@@ -17,7 +17,7 @@ import yaml
 from levanter_mars.infra.config import JobConfig, LaunchError
 from levanter_mars.infra.slices import MeshPlan, SliceType, launch_slice, plan_mesh
 from levanter_mars.training import validation
-from levanter_mars.eval.train_config import TrainAndEvalConfig, parse_train_config
+from levanter_mars.program_config import TrainAndEvalConfig, parse_train_config
 from levanter_mars.training.run.identity import stable_run_id
 
 

@@ -51,7 +51,7 @@ def check(config, devices: int) -> None:
 
 def preflight(config_path: str, tpu_type: str, num_slices: int = 1, overrides: Sequence[str] = ()) -> Verdict:
     """Raises ConfigError/LaunchError (bad input) or PreflightError (no compiler) before compiling anything."""
-    from levanter_mars.eval.train_config import parse_train_config
+    from levanter_mars.program_config import parse_train_config
     from levanter_mars.infra.preflight.step import compile_program, lower_train_step
 
     if num_slices < 1:

@@ -17,7 +17,7 @@ from levanter_mars.compat.levanter_logging import log_file_named_by_run_id
 from levanter_mars.compat.tracking import only_process_zero_tracks, wandb_offline_unless_configured
 from levanter_mars.eval import in_training
 from levanter_mars.eval.suite import EvalDatasetError, TaskSpecError
-from levanter_mars.eval.train_config import TrainAndEvalConfig, parse_train_config
+from levanter_mars.program_config import TrainAndEvalConfig, parse_train_config
 from levanter_mars.training import distributed, validation
 from levanter_mars.training.data import cache_check
 from levanter_mars.training.data import sources as data

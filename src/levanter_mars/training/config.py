@@ -2,7 +2,7 @@
 
 Parsing goes through Levanter's ``levanter.config.main`` (YAML via ``--config_path``, gs:// URLs, ``--configs a b``,
 and ``--section.field value`` overrides); errors come back as a :class:`ConfigError` that names the field. The
-program's config, with eval suites, is :class:`levanter_mars.eval.train_config.TrainAndEvalConfig`.
+program's config, with eval suites, is :class:`levanter_mars.program_config.TrainAndEvalConfig`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The training program's config: training plus the eval suite it runs (``eval_harness: !include eval/quick.yaml``).
 
-It lives here, not in ``training/``, so that training knows nothing of evals: the entry point injects the eval hook.
+It lives beside ``training/`` and ``eval/``, in neither: training knows nothing of evals (the entry point injects the
+eval hook), and ``infra/`` and ``bench/`` parse a training YAML without going through ``eval/``.
 """
 
 from __future__ import annotations

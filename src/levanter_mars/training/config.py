@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 import draccus
 import levanter.config
-from levanter.main.train_lm import TrainLmConfig as UpstreamTrainLmConfig
+from levanter.main import train_lm as upstream_train_lm
 from levanter.models.gpt2 import Gpt2Config
 from levanter.models.lm_model import LmConfig
 from levanter.optim import OptimizerConfig
@@ -32,7 +32,7 @@ class ConfigError(ValueError):
 
 
 @dataclass
-class TrainLmConfig(UpstreamTrainLmConfig):
+class TrainLmConfig(upstream_train_lm.TrainLmConfig):
     data: DataConfig = field(default_factory=UrlDataConfig)  # type: ignore[assignment]  (adds data.rebuild_cache)
     trainer: MarsTrainerConfig = field(default_factory=MarsTrainerConfig)
     model: LmConfig = field(default_factory=Gpt2Config)

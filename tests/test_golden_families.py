@@ -12,9 +12,7 @@ import equinox as eqx
 import haliax as hax
 import haliax.nn as hnn
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from haliax.state_dict import from_torch_compatible_state_dict, to_torch_compatible_state_dict
 from levanter.models.llama import LlamaConfig, LlamaDecoderLayer
@@ -23,6 +21,7 @@ from levanter.models.mixtral import MixtralConfig, MixtralSparseMoeBlock
 from levanter_mars.optim import mars
 from levanter_mars.optim.tensor_roles import _MODULE_RULES
 from tests.helpers.golden import GOLDEN_DIR, load_case
+from tests.helpers.quadratic import quadratic_step
 from tests.test_mars_m_golden import _mars_m
 
 FAMILY_GOLDEN_DIR = GOLDEN_DIR.with_name("golden_families")
@@ -64,14 +63,7 @@ def max_relative_errors(name: str) -> tuple[dict[str, float], dict]:
     tx = _optimizer(case)
     state = tx.init(params)
 
-    @jax.jit
-    def step(params, state, a, t):
-        def loss(p):
-            terms = jax.tree.map(lambda x, aa, tt: jnp.sum(0.5 * aa * (x - tt) ** 2), p, a, t)
-            return sum(jax.tree.leaves(terms))
-
-        updates, state = tx.update(jax.grad(loss)(params), state, params, obj_fn=loss)
-        return optax.apply_updates(params, updates), state
+    step = jax.jit(quadratic_step(tx))
 
     worst = {n: 0.0 for n in case.names}
     for i in range(case.steps):

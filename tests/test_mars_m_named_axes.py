@@ -11,12 +11,10 @@ import equinox as eqx
 import haliax as hax
 import haliax.nn as hnn
 import jax
-import numpy as np
-import optax
 import pytest
 
 from levanter_mars.optim import mars_m, mars_m_roles
-from tests.test_mars_named_axes import Block, Embed, Layers, Vocab, _matrix, quadratic, random_tree, torch_view
+from tests.test_mars_named_axes import Block, Embed, Layers, Vocab, _matrix, torch_view, worst_errors_against_plain
 
 
 class ModelWithHead(eqx.Module):
@@ -86,28 +84,7 @@ def test_stacked_model_matches_per_layer_reference(mode):
     tx_named = mars_m(2e-2, weight_decay=0.01, **mode)
     tx_plain = mars_m(2e-2, weight_decay=0.01, matrix_mask=official_matrix_mask(plain), **mode)
 
-    def make_step(tx):
-        @jax.jit
-        def step(params, state, a, t):
-            loss = quadratic(a, t)
-            updates, state = tx.update(jax.grad(loss)(params), state, params, obj_fn=loss)
-            return optax.apply_updates(params, updates), state
-
-        return step
-
-    step_named, step_plain = make_step(tx_named), make_step(tx_plain)
-    state_named, state_plain = tx_named.init(params), tx_plain.init(plain)
-    worst: dict[str, float] = {}
-    for i in range(5):
-        ka, kt = jax.random.split(jax.random.PRNGKey(100 + i))
-        a = jax.tree.map(lambda x: abs(x) + 0.5, random_tree(params, ka, layer_scales=(1.0, 1.0, 1.0)))
-        t = jax.tree.map(lambda x, n: x + n, params, random_tree(params, kt))
-        params, state_named = step_named(params, state_named, a, t)
-        plain, state_plain = step_plain(plain, state_plain, head_torch_view(a), head_torch_view(t))
-        for name, value in head_torch_view(params).items():
-            reference = np.asarray(plain[name])
-            err = float(np.max(np.abs(np.asarray(value) - reference)) / np.max(np.abs(reference)))
-            worst[name] = max(worst.get(name, 0.0), err)
+    worst = worst_errors_against_plain(tx_named, tx_plain, params, head_torch_view, steps=5)
     # Matrices go through bf16 Newton-Schulz in a different memory layout; everything else is float32 AdamW.
     matrices = {k: v for k, v in worst.items() if official_matrix_mask(worst)[k]}
     others = {k: v for k, v in worst.items() if k not in matrices}

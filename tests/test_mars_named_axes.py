@@ -16,11 +16,11 @@ import haliax.nn as hnn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from levanter_mars.optim import TensorKind, mars, tensor_roles
 from levanter_mars.optim.mars import ADAMW_1D_LABEL, MARS_LABEL, mars_param_labels
+from tests.helpers.quadratic import quadratic_step
 
 Layers = hax.Axis("layers", 3)
 Embed = hax.Axis("embed", 8)
@@ -105,43 +105,28 @@ def random_tree(tree, key, *, layer_scales=(0.02, 0.3, 4.0)):
     return eqx.tree_at(lambda m: m.blocks.stacked, new, stacked)
 
 
-def quadratic(a, t):
-    def loss(params):
-        terms = jax.tree.map(lambda x, aa, tt: jnp.sum(0.5 * aa * (x - tt) ** 2), params, a, t)
-        return sum(jax.tree.leaves(terms))
-
-    return loss
-
-
 def run_both(variant: str, *, exact=False, optimize_1d=False, steps=6, **extra):
     params = eqx.filter(Model.init(key=jax.random.PRNGKey(0)), eqx.is_inexact_array)
-    plain = torch_view(params)
     kwargs = dict(variant=variant, weight_decay=0.01, exact=exact, optimize_1d=optimize_1d, **extra)
     lr = 3e-3 if variant == "lion" else 2e-2
-    tx_named, tx_plain = mars(lr, **kwargs), mars(lr, **kwargs)
+    return worst_errors_against_plain(mars(lr, **kwargs), mars(lr, **kwargs), params, torch_view, steps)
+
+
+def worst_errors_against_plain(tx_named, tx_plain, params, view, steps: int) -> dict[str, float]:
+    """Trains the named model with ``tx_named`` and its plain ``view`` with ``tx_plain`` on the same seeded
+    quadratics; per tensor, the worst error of the named model's view relative to the plain run's largest value."""
+    plain = view(params)
     state_named, state_plain = tx_named.init(params), tx_plain.init(plain)
-
-    @jax.jit
-    def step_named(params, state, a, t):
-        loss = quadratic(a, t)
-        updates, state = tx_named.update(jax.grad(loss)(params), state, params, obj_fn=loss)
-        return optax.apply_updates(params, updates), state
-
-    @jax.jit
-    def step_plain(params, state, a, t):
-        loss = quadratic(a, t)
-        updates, state = tx_plain.update(jax.grad(loss)(params), state, params, obj_fn=loss)
-        return optax.apply_updates(params, updates), state
-
-    worst = {}
+    step_named, step_plain = jax.jit(quadratic_step(tx_named)), jax.jit(quadratic_step(tx_plain))
+    worst: dict[str, float] = {}
     for i in range(steps):
         ka, kt = jax.random.split(jax.random.PRNGKey(100 + i))
         a = jax.tree.map(lambda x: jnp.abs(x) + 0.5, random_tree(params, ka, layer_scales=(1.0, 1.0, 1.0)))
         # Targets near the current parameters keep each layer's gradient at its own scale.
         t = jax.tree.map(lambda x, n: x + n, params, random_tree(params, kt))
         params, state_named = step_named(params, state_named, a, t)
-        plain, state_plain = step_plain(plain, state_plain, torch_view(a), torch_view(t))
-        for name, value in torch_view(params).items():
+        plain, state_plain = step_plain(plain, state_plain, view(a), view(t))
+        for name, value in view(params).items():
             reference = np.asarray(plain[name])
             err = float(np.max(np.abs(np.asarray(value) - reference)) / np.max(np.abs(reference)))
             worst[name] = max(worst.get(name, 0.0), err)

@@ -14,11 +14,11 @@ import haliax as hax
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from haliax.partitioning import ResourceAxis
 from jax.sharding import Mesh
 
 from levanter_mars.optim import ScaleByMarsState, mars, mars_m
+from tests.helpers.quadratic import quadratic_step
 
 MAPPING = {"embed": ResourceAxis.DATA, "mlp": ResourceAxis.MODEL, "heads": ResourceAxis.MODEL}
 STEPS = int(__import__("os").environ.get("MARS_STEPS", 3))
@@ -44,21 +44,9 @@ def batch(params, step):
     return jax.tree.unflatten(structure, a), jax.tree.unflatten(structure, t)
 
 
-def make_step(tx):
-    def step(params, state, a, t):
-        def loss(p):
-            terms = jax.tree.map(lambda x, aa, tt: jnp.sum(0.5 * aa * (x - tt) ** 2), p, a, t)
-            return sum(jax.tree.leaves(terms))
-
-        updates, state = tx.update(jax.grad(loss)(params), state, params, obj_fn=loss)
-        return optax.apply_updates(params, updates), state
-
-    return step
-
-
 def run(tx, params, sharded: bool):
     if not sharded:
-        step = jax.jit(make_step(tx))
+        step = jax.jit(quadratic_step(tx))
         state = tx.init(params)
         for i in range(STEPS):
             params, state = step(params, state, *batch(params, i))
@@ -72,7 +60,7 @@ def run(tx, params, sharded: bool):
 def sharded_step(tx, params):
     """The step jitted over the mesh, and the parameters and optimizer state sharded on it."""
     params = hax.shard(params, MAPPING)
-    return hax.named_jit(make_step(tx), axis_resources=MAPPING), params, hax.named_jit(tx.init, axis_resources=MAPPING)(params)
+    return hax.named_jit(quadratic_step(tx), axis_resources=MAPPING), params, hax.named_jit(tx.init, axis_resources=MAPPING)(params)
 
 
 def sharded_batch(params, step):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import equinox as eqx
 import jax
@@ -47,13 +47,18 @@ SIZES = {
 }
 
 
-def select_sizes(names: str) -> list[ModelSize]:
-    """Sizes by comma-separated name; unknown names raise ``SystemExit`` listing the known ones."""
+def select(names: str, known: dict[str, Any], flag: str) -> list[Any]:
+    """``known``'s entries by comma-separated name; unknown names raise ``SystemExit`` naming ``flag`` and listing
+    the known ones."""
     wanted = names.split(",")
-    unknown = [n for n in wanted if n not in SIZES]
+    unknown = [n for n in wanted if n not in known]
     if unknown:
-        raise SystemExit(f"--sizes: unknown {unknown}; known: {', '.join(SIZES)}")
-    return [SIZES[n] for n in wanted]
+        raise SystemExit(f"{flag}: unknown {unknown}; known: {', '.join(known)}")
+    return [known[n] for n in wanted]
+
+
+def select_sizes(names: str) -> list[ModelSize]:
+    return select(names, SIZES, "--sizes")
 
 
 def _yaml_loader() -> type:
@@ -75,16 +80,22 @@ def gpt2_config(size: ModelSize) -> Any:
     return Gpt2Config(**fields)
 
 
-def init_gpt2(size: ModelSize, *, seed: int = 0) -> tuple[Any, Any]:
-    """``(model, config)``: Levanter's ``Gpt2LMHeadModel`` (layers stacked), initialized on the default device."""
+def gpt2_initializer(size: ModelSize) -> tuple[Callable[[jax.Array], Any], Any]:
+    """``(init, config)``: ``init(key)`` builds Levanter's ``Gpt2LMHeadModel`` of ``size`` (layers stacked); run it
+    under ``jax.jit`` for values or ``jax.eval_shape`` for shapes only."""
     newer_jax.levanter_importable()
     import haliax as hax
     from levanter.models.gpt2 import Gpt2LMHeadModel
 
     config = gpt2_config(size)
     vocab = hax.Axis("vocab", size.vocab_size)
-    model = jax.jit(lambda key: Gpt2LMHeadModel.init(vocab, config, key=key))(jax.random.PRNGKey(seed))
-    return model, config
+    return (lambda key: Gpt2LMHeadModel.init(vocab, config, key=key)), config
+
+
+def init_gpt2(size: ModelSize, *, seed: int = 0) -> tuple[Any, Any]:
+    """``(model, config)``: the model of :func:`gpt2_initializer`, initialized on the default device."""
+    init, config = gpt2_initializer(size)
+    return jax.jit(init)(jax.random.PRNGKey(seed)), config
 
 
 def trainable(model: Any) -> Any:

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from levanter_mars.bench.hlo import traffic
+from levanter_mars.bench.models import select
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,11 +46,7 @@ TARGETS = {
 
 
 def select_targets(names: str) -> list[TpuTarget]:
-    wanted = names.split(",")
-    unknown = [n for n in wanted if n not in TARGETS]
-    if unknown:
-        raise SystemExit(f"--tpu: unknown target(s) {unknown}; known: {', '.join(TARGETS)}")
-    return [TARGETS[n] for n in wanted]
+    return select(names, TARGETS, "--tpu")
 
 
 def mesh_for(target: TpuTarget) -> jax.sharding.Mesh:
@@ -126,18 +123,12 @@ def abstract_gpt2_parameters(size: Any) -> Any:
     """The trainable parameters of the benchmarks' GPT-2 of ``size`` (``bench.models.SIZES``) as shapes only: a
     compile needs no values, and none are allocated."""
     import equinox as eqx
-    import haliax as hax
     import jax.numpy as jnp
 
     from levanter_mars.bench import models
-    from levanter_mars.compat import newer_jax
 
-    newer_jax.levanter_importable()
-    from levanter.models.gpt2 import Gpt2LMHeadModel
-
-    config = models.gpt2_config(size)
-    vocab = hax.Axis("vocab", size.vocab_size)
-    model = jax.eval_shape(lambda key: Gpt2LMHeadModel.init(vocab, config, key=key), jax.random.PRNGKey(0))
+    init, _ = models.gpt2_initializer(size)
+    model = jax.eval_shape(init, jax.random.PRNGKey(0))
     return eqx.filter(model, lambda x: hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact))
 
 

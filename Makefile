@@ -30,7 +30,8 @@ test-all: setup
 	$(PY) -m pytest $(ARGS)
 
 ## Set up, then run the tests that are not marked slow: no training run, corpus build, storage emulator or
-## simulated-device subprocess (tests/conftest.py marks those). The suite to run while editing.
+## simulated-device subprocess (tests/conftest.py marks those), nor a test that spends seconds compiling a model or
+## starting a Python subprocess (marked where it is defined). The suite to run while editing: under 3 minutes.
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(ARGS)
 

@@ -162,6 +162,7 @@ LOCAL_TASK = __import__("pathlib").Path(__file__).parent / "data" / "lm_eval_tas
 REPO_ROOT = LOCAL_TASK.parents[3]
 
 
+@pytest.mark.slow  # indexes lm-eval's ~14,000 built-in tasks
 def test_defect_11_levanter_cannot_load_a_local_task_yaml(monkeypatch):
     from levanter.eval_harness import LmEvalHarnessConfig
 
@@ -373,6 +374,7 @@ def _alone(model, tokens, n_scored, first_position=0):
     return float(log_probs[-n_scored:].sum())
 
 
+@pytest.mark.slow  # compiles a GPT-2 forward
 def test_defect_20_levanter_scores_a_packed_request_at_the_positions_of_the_pack():
     from levanter.data.packing import PromptCompletion, greedy_pack_prompt_completions
     from levanter.eval_harness import _LmEvalHarnessWorker
@@ -396,6 +398,7 @@ def test_defect_20_levanter_scores_a_packed_request_at_the_positions_of_the_pack
     assert scores[1] == pytest.approx(_alone(model, second, 4, first_position=len(first)), abs=1e-3)
 
 
+@pytest.mark.slow  # compiles a GPT-2 forward per batch shape
 def test_defect_20_workaround_scores_each_request_alone_and_truncates_as_lm_eval():
     from levanter.eval_harness import LevanterHarnessLM, _LmEvalHarnessWorker
 
@@ -847,6 +850,7 @@ def test_defect_33_a_family_without_a_converter_is_refused_by_name():
     assert levanter_models.hf_converter(Gpt2HyenaConfig(), _word_level_tokenizer()) is None
 
 
+@pytest.mark.slow  # compiles a Mixtral gradient
 def test_defect_34_mixtral_loss_cannot_be_differentiated_and_the_workaround_can():
     from haliax.partitioning import set_mesh
     from levanter.models.lm_model import LmExample, compute_next_token_loss

@@ -90,6 +90,7 @@ def test_the_optimizer_imports_and_steps_without_levanter():
     assert proc.stdout.strip().splitlines()[-1] == "False [] True"
 
 
+@pytest.mark.slow  # imports Levanter in a subprocess
 def test_with_levanter_importing_the_optimizer_registers_its_configs():
     pytest.importorskip("levanter", reason="this venv has no Levanter (.ci/newest): the test above covers it")
     proc = _python(
@@ -102,6 +103,7 @@ def test_with_levanter_importing_the_optimizer_registers_its_configs():
     assert proc.stdout.strip().splitlines()[-1] == "True ['mars-adamw', 'mars-lion', 'mars-shampoo', 'mars-m']"
 
 
+@pytest.mark.slow  # imports Levanter in a subprocess
 def test_a_levanter_that_cannot_be_imported_leaves_the_optimizer_usable():
     """The benchmarks' GPU image: `import levanter` fails without Ray, its models load without the package `__init__`
     (compat 25); the optimizer must still import, and its configs still register (`levanter.optim` needs no Ray)."""

@@ -90,6 +90,7 @@ def test_all_cases_are_present():
     assert CASES == ["llama_layer_mars_adamw", "llama_layer_mars_m", "mixtral_moe_mars_adamw", "mixtral_moe_mars_m"]
 
 
+@pytest.mark.slow  # compiles each block and its optimizer
 @pytest.mark.parametrize("name", CASES)
 def test_block_matches_the_official_optimizer_on_its_torch_view(name):
     worst, meta = max_relative_errors(name)

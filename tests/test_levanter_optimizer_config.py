@@ -99,6 +99,7 @@ def _gpt2_params():
     return eqx.filter(model, eqx.is_inexact_array)
 
 
+@pytest.mark.slow  # compiles the update on GPT-2
 def test_both_learning_rates_follow_levanter_schedules_and_are_logged():
     cfg = MarsAdamWConfig(learning_rate=4e-3, warmup=10, min_lr_ratio=0.1, lr_schedule="cosine")
     tx = cfg.build(100)
@@ -116,6 +117,7 @@ def test_both_learning_rates_follow_levanter_schedules_and_are_logged():
     assert float(state.hyperparams["learning_rate_1d"]) == pytest.approx(float(lr(4)) / 2, rel=1e-6)
 
 
+@pytest.mark.slow  # builds and updates a GPT-2
 def test_weight_decay_routing_matches_reference():
     """With zero gradients the update is pure decay: Linear weights decay with weight_decay at lr, embeddings not
     at all, and every 1-D tensor with weight_decay_1d at lr_1d."""

@@ -77,6 +77,7 @@ def test_matrix_mask_overrides():
     assert mars_m_roles(params, prefix).head.weight.is_matrix
 
 
+@pytest.mark.slow  # compiles Newton-Schulz for every matrix shape, twice
 @pytest.mark.parametrize("mode", [dict(), dict(exact=True), dict(efficient=True)])
 def test_stacked_model_matches_per_layer_reference(mode):
     params = _params()

@@ -147,6 +147,7 @@ def test_hbm_table_matches_the_compilers_capacity(refusal):
     assert 0.9 * 32 * GiB <= capacity <= 32 * GiB, capacity
 
 
+@pytest.mark.slow  # runs pre-flight in a subprocess
 def test_a_batch_that_does_not_divide_is_refused_before_compiling():
     proc = run_preflight("--config_path", SMALL_MARS, "--tpu_type", "v4-32", "--", "--trainer.train_batch_size", "100",
                          timeout=300)
@@ -154,11 +155,13 @@ def test_a_batch_that_does_not_divide_is_refused_before_compiling():
     assert "trainer.train_batch_size=100" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # runs pre-flight in a subprocess
 def test_an_unknown_slice_is_refused():
     proc = run_preflight("--config_path", SMALL_MARS, "--tpu_type", "v4-33", timeout=300)
     assert proc.returncode == 2 and "--tpu_type" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # runs pre-flight in a subprocess
 def test_without_the_tpu_compiler_it_says_so_and_exits_2(tmp_path):
     # A libtpu package that cannot load shadows the real one, as on a platform with no wheel.
     (tmp_path / "libtpu").mkdir()
@@ -203,6 +206,7 @@ def test_launch_dry_run_says_when_pre_flight_is_skipped(capsys, monkeypatch):
     assert plan["preflight"].startswith("skipped (--skip_preflight)")
 
 
+@pytest.mark.slow  # runs pre-flight in a subprocess
 def test_launch_refuses_before_submitting_when_pre_flight_refuses(capsys, tmp_path, monkeypatch):
     from levanter_mars.infra import launch, ray_job
 

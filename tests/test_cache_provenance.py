@@ -15,16 +15,7 @@ from levanter_mars.training.data import cache_check
 from levanter_mars.training.data import pydocs_corpus as corpus_lib
 from levanter_mars.training.config import parse_config
 from levanter_mars.training.data.provenance import RECORD_FILE
-from tests.helpers.training import (
-    REPO,
-    describe_failure,
-    losses,
-    output,
-    run_cli,
-    run_cli_in_process,
-    run_paths,
-    tiny_config,
-)
+from tests.helpers import training as cli
 
 _LINES = {"train": 60, "validation": 37}
 _REFUSAL = "were built from other data than this config names"
@@ -43,8 +34,8 @@ def _pretokenized(workdir: Path, corpus: Path) -> dict:
         "validation_urls": [str(workdir / "data" / "validation.jsonl")],
         "cache_dir": str(workdir / "tokenized"),
     }
-    config = tiny_config(workdir, corpus, "pretokenize", {"data": data})
-    pretokenize = runpy.run_path(str(REPO / "scripts" / "pretokenize.py"))["main"]
+    config = cli.tiny_config(workdir, corpus, "pretokenize", {"data": data})
+    pretokenize = runpy.run_path(str(cli.REPO / "scripts" / "pretokenize.py"))["main"]
     assert pretokenize(["--config_path", str(config)]) == 0
     return data
 
@@ -64,12 +55,12 @@ def pretokenized(tmp_path, pydocs_corpus):
 
 def _refused(capsys, workdir, corpus, data) -> str:
     before = {split: _record(workdir, split) for split in _LINES}
-    code, out = run_cli_in_process(capsys, tiny_config(workdir, corpus, "refused", {"data": data}))
+    code, out = cli.run_cli_in_process(capsys, cli.tiny_config(workdir, corpus, "refused", {"data": data}))
     assert code == 2, out[-3000:]
     for part in (_REFUSAL, f"data.cache_dir={workdir / 'tokenized'}", "set data.cache_dir to a new directory",
                  "--data.rebuild_cache true", "moved aside (kept, never deleted), a new one is built"):
         assert part in out, out[-3000:]
-    assert not run_paths(workdir, "refused")["metrics"].exists()
+    assert not cli.run_paths(workdir, "refused")["metrics"].exists()
     assert {split: _record(workdir, split) for split in _LINES} == before, "a refusal changes nothing"
     return out
 
@@ -117,7 +108,7 @@ def test_changed_file_size_behind_the_same_url_is_refused(pretokenized, pydocs_c
 def test_a_touched_file_matches_and_a_same_size_rewrite_does_not(pretokenized, pydocs_corpus):
     """The recorded checksum decides when only the mtime changed: a copy or `touch` is not a change."""
     workdir, data = pretokenized
-    parsed = parse_config(["--config_path", str(tiny_config(workdir, pydocs_corpus, "touch", {"data": data}))])
+    parsed = parse_config(["--config_path", str(cli.tiny_config(workdir, pydocs_corpus, "touch", {"data": data}))])
     train = workdir / "data" / "train.jsonl"
     os.utime(train, ns=(1, 1))
     check = cache_check.check_caches(parsed.data)
@@ -133,11 +124,11 @@ def test_a_touched_file_matches_and_a_same_size_rewrite_does_not(pretokenized, p
 
 def test_missing_file_alone_is_a_warning(pretokenized, pydocs_corpus, caplog):
     workdir, data = pretokenized
-    parsed = parse_config(["--config_path", str(tiny_config(workdir, pydocs_corpus, "gone", {"data": data}))])
+    parsed = parse_config(["--config_path", str(cli.tiny_config(workdir, pydocs_corpus, "gone", {"data": data}))])
     (workdir / "data" / "train.jsonl").unlink()
     check = cache_check.check_caches(parsed.data)
     assert not check.mismatched and len(check.warnings) == 1 and "train.jsonl: missing" in check.warnings[0]
-    other = tiny_config(workdir, pydocs_corpus, "gone2", {"data": {**data, "enforce_eos": False}})
+    other = cli.tiny_config(workdir, pydocs_corpus, "gone2", {"data": {**data, "enforce_eos": False}})
     found = cache_check.check_caches(parse_config(["--config_path", str(other)]).data).mismatched
     fields = [d.field for d in found[str(workdir / "tokenized" / "train")]]
     assert "data.enforce_eos" in fields and any(f.endswith("train.jsonl") for f in fields), fields
@@ -149,9 +140,9 @@ def rebuilt(tmp_path_factory, pydocs_corpus):
     workdir = tmp_path_factory.mktemp("rebuild")
     data = _pretokenized(workdir, pydocs_corpus)
     data = {**data, "train_urls": [str(workdir / "data" / "validation.jsonl")], "rebuild_cache": True}
-    config = tiny_config(workdir, pydocs_corpus, "rebuilt", {"data": data})
-    proc = run_cli(config)
-    assert proc.returncode == 0, describe_failure(proc)
+    config = cli.tiny_config(workdir, pydocs_corpus, "rebuilt", {"data": data})
+    proc = cli.run_cli(config)
+    assert proc.returncode == 0, cli.describe_failure(proc)
     return workdir, data, proc
 
 
@@ -159,13 +150,13 @@ def rebuilt(tmp_path_factory, pydocs_corpus):
 def test_rebuild_cache_builds_a_new_cache_and_keeps_the_old_aside(rebuilt):
     workdir, data, proc = rebuilt
     (old,) = (workdir / "tokenized").glob("train.old-*")
-    assert f"moved the token cache {workdir / 'tokenized' / 'train'} to {old}" in output(proc)
+    assert f"moved the token cache {workdir / 'tokenized' / 'train'} to {old}" in cli.output(proc)
     assert json.loads((old / RECORD_FILE).read_text())["source"]["urls"] == [str(workdir / "data" / "train.jsonl")]
     assert _rows(old) == _LINES["train"]
     assert _record(workdir)["source"]["urls"] == data["train_urls"]
     assert _rows(workdir / "tokenized" / "train") == _LINES["validation"]  # the new cache holds the new documents
     assert not list((workdir / "tokenized").glob("validation.old-*")), "a matching cache is kept"
-    assert run_paths(workdir, "rebuilt")["metrics"].exists()
+    assert cli.run_paths(workdir, "rebuilt")["metrics"].exists()
 
 
 @pytest.mark.slow
@@ -173,13 +164,13 @@ def test_identical_rerun_gives_no_message_and_the_same_losses(rebuilt, pydocs_co
     """The same command again (another run id, so it trains rather than resumes); rebuild_cache is still true, as
     in a restarted job, and must not rebuild again."""
     workdir, data, first = rebuilt
-    proc = run_cli(tiny_config(workdir, pydocs_corpus, "rerun", {"data": data}))
-    assert proc.returncode == 0, describe_failure(proc)
+    proc = cli.run_cli(cli.tiny_config(workdir, pydocs_corpus, "rerun", {"data": data}))
+    assert proc.returncode == 0, cli.describe_failure(proc)
     for message in (_REFUSAL, _UNRECORDED, "moved the token cache", "provenance"):
-        assert message not in output(proc)
+        assert message not in cli.output(proc)
     assert len(list((workdir / "tokenized").glob("train.old-*"))) == 1
-    expected = losses(run_paths(workdir, "rebuilt")["metrics"])
-    assert len(expected) == 30 and losses(run_paths(workdir, "rerun")["metrics"]) == expected
+    expected = cli.losses(cli.run_paths(workdir, "rebuilt")["metrics"])
+    assert len(expected) == 30 and cli.losses(cli.run_paths(workdir, "rerun")["metrics"]) == expected
 
 
 @pytest.mark.slow
@@ -187,10 +178,10 @@ def test_record_less_cache_is_used_with_a_warning(pretokenized, pydocs_corpus):
     workdir, data = pretokenized
     for split in _LINES:  # as a cache built before records existed, or by plain Levanter, would be
         (workdir / "tokenized" / split / RECORD_FILE).unlink()
-    proc = run_cli(tiny_config(workdir, pydocs_corpus, "unrecorded", {"data": data}))
-    assert proc.returncode == 0, describe_failure(proc)
+    proc = cli.run_cli(cli.tiny_config(workdir, pydocs_corpus, "unrecorded", {"data": data}))
+    assert proc.returncode == 0, cli.describe_failure(proc)
     for split in _LINES:
-        assert f"Token cache {workdir / 'tokenized' / split} {_UNRECORDED}" in output(proc)
+        assert f"Token cache {workdir / 'tokenized' / split} {_UNRECORDED}" in cli.output(proc)
         assert not (workdir / "tokenized" / split / RECORD_FILE).exists(), "no record is made up for it"
-    assert "sources cannot be checked" in output(proc)
-    assert len(losses(run_paths(workdir, "unrecorded")["metrics"])) == 30
+    assert "sources cannot be checked" in cli.output(proc)
+    assert len(cli.losses(cli.run_paths(workdir, "unrecorded")["metrics"])) == 30

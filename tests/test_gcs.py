@@ -25,6 +25,7 @@ from levanter_mars.training.checkpointing.storage import MANIFEST_NAME, METADATA
 from levanter_mars.training.config import parse_config
 from levanter_mars.training.data.provenance import read_record
 from tests.helpers.evals import LOCAL_TASKS, OFFLINE_SUITE, item_loglikelihoods, run_eval_cli
+from tests.helpers.faults import prelude
 from tests.helpers.pod import run_pod, start_pod
 from tests.helpers.seeds import seeded_random
 from tests.helpers import training as cli
@@ -191,13 +192,13 @@ def gs_run(workdir, pydocs_corpus, gcs, reference_runs):
     config = cli.tiny_config(workdir, pydocs_corpus, run_id, overrides)
     paths = cli.run_paths(workdir, run_id)
     paths["checkpoints"] = gcs.gs("checkpoints", run_id)
-    kill_at = seeded_random(run_id).randint(11, 24)  # 5 steps before the end: room for a 0.5 s poll
-    # Once step-10 is committed (the emulator may still be writing it at step 14): the rerun must resume, not restart.
-    fs = gcsfs.GCSFileSystem(endpoint_url=gcs.url, token="anon", skip_instance_cache=True)
-    committed = f"{_plain(paths['checkpoints'])}/step-10/{MANIFEST_NAME}"
-    killed = cli.start_cli(config, log_path=workdir / f"{run_id}.log", env=gcs.env)
-    reached = lambda: cli.last_step(paths["metrics"]) >= kill_at and fs.exists(committed)  # noqa: E731
-    assert cli.kill_when(killed, reached), f"ended before step {kill_at}"
+    # SIGKILLed by the fault hook as a seeded step is about to run, once step-10 is committed (the emulator may still
+    # be writing it at step 14): the rerun must resume, not restart. A poll could miss the step on an idle machine.
+    kill_at = seeded_random(run_id).randint(12, 25)
+    committed = f"{paths['checkpoints']}/step-10/{MANIFEST_NAME}"
+    kill = prelude("install_kill_at_step", step=kill_at, once_exists=committed)
+    killed = cli.run_cli(config, prelude=kill, env=gcs.env)
+    assert killed.returncode == -9, f"kill at step {kill_at}\n" + cli.describe_failure(killed)
     rerun = cli.run_cli(config, env=gcs.env)
     assert rerun.returncode == 0, f"killed at step {kill_at}\n" + cli.describe_failure(rerun)
     return config, paths, kill_at, rerun
@@ -281,14 +282,15 @@ def test_pod_sharing_the_bucket_resumes_after_a_killed_host_like_the_uninterrupt
     overrides = {"trainer": {"checkpointer": {"base_path": gcs.gs("pod")}}}
     config = cli.tiny_config(workdir, pydocs_corpus, run_id, overrides)
     paths = cli.run_paths(workdir, run_id)
-    fs = gcsfs.GCSFileSystem(endpoint_url=gcs.url, token="anon", skip_instance_cache=True)
-    committed = f"{gcs.bucket}/pod/{run_id}/step-10/{MANIFEST_NAME}"
+    committed = f"gs://{gcs.bucket}/pod/{run_id}/step-10/{MANIFEST_NAME}"
     rng = seeded_random(run_id)
-    victim, kill_at = rng.randrange(2), rng.randint(11, 24)  # 5 steps before the end: room for a 0.5 s poll
-    pod = start_pod(config, log_dir=workdir / "logs", name=run_id, env=gcs.env)
+    victim, kill_at = rng.randrange(2), rng.randint(12, 25)
+    # The fault hook SIGKILLs the victim as a seeded step is about to run, once step-10 is committed.
+    kill = prelude("install_kill_at_step", step=kill_at, once_exists=committed, process=victim)
+    pod = start_pod(config, log_dir=workdir / "logs", name=run_id, env=gcs.env, prelude=kill)
     try:
-        reached = lambda: cli.last_step(paths["metrics"]) >= kill_at and fs.exists(committed)  # noqa: E731
-        assert cli.kill_when(pod.procs[victim], reached), pod.describe()
+        pod.procs[victim].wait(timeout=900)
+        assert pod.procs[victim].returncode == -9, pod.describe()
     finally:
         pod.kill()  # the survivor would end itself (tests/test_multihost.py); a pod restart does not wait for it
     rerun = run_pod(config, log_dir=workdir / "logs", name=f"{run_id}-rerun", env=gcs.env)

@@ -6,17 +6,16 @@ import pytest
 
 from levanter_mars.training.checkpointing.storage import MANIFEST_NAME
 from levanter_mars.training.run.metrics import read_metrics
+from tests.helpers.faults import prelude
 from tests.helpers.seeds import seeded_random
 from tests.helpers.training import (
     REFERENCE_MODES,
     describe_failure,
-    kill_when,
     last_step,
     losses,
     output,
     run_cli,
     run_paths,
-    start_cli,
     tiny_config,
 )
 
@@ -70,13 +69,13 @@ def test_kill_9_then_rerun_is_bitwise_identical(workdir, pydocs_corpus, finished
     run_id = f"killed-{mode}"
     config = tiny_config(workdir, pydocs_corpus, run_id, MODES[mode])
     paths = run_paths(workdir, run_id)
-    proc = start_cli(config, log_path=workdir / f"{run_id}.log")
-    # At a random point mid-run (seeded, different per mode); the resumed run redoes the lost steps exactly.
-    kill_after = seeded_random(run_id).randint(11, 24)
-    assert kill_when(proc, lambda: last_step(paths["metrics"]) >= kill_after), (
-        workdir / f"{run_id}.log"
-    ).read_text()[-3000:]
-    assert last_step(paths["metrics"]) < 29
+    # SIGKILLed by the fault hook as a seeded step (different per mode) is about to run, once the step-10 checkpoint
+    # is complete: the resumed run redoes the lost steps exactly. A poll could miss the step on an idle machine.
+    kill_at = seeded_random(run_id).randint(12, 25)
+    killed = run_cli(config, prelude=prelude("install_kill_at_step", step=kill_at, once_exists=str(
+        paths["checkpoints"] / "step-10" / MANIFEST_NAME)))
+    assert killed.returncode == -9, describe_failure(killed)
+    assert 10 <= last_step(paths["metrics"]) < 29
 
     resumed = run_cli(config)
     assert resumed.returncode == 0, describe_failure(resumed)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
-from typing import Mapping
+from typing import Mapping, Optional
 
 
 def prelude(function: str, **kwargs) -> str:
@@ -46,6 +46,33 @@ def install_kill_after_manifest(step: int) -> None:
     """SIGKILL as soon as checkpoint ``step-<step>`` is complete (its manifest written): no test has to catch the
     moment by polling."""
     _kill_at_manifest(step, after=True)
+
+
+def install_kill_at_step(step: int, once_exists: Optional[str] = None, process: Optional[int] = None) -> None:
+    """SIGKILL as training step ``step`` is about to run, or at the first step after it at which ``once_exists`` (a
+    checkpoint's manifest, local or gs://) exists; with ``process``, only in that process of a pod. A kill at a chosen
+    step of a live run: no test has to catch the moment by polling."""
+    import jax
+
+    from levanter_mars.training.checkpointing.storage import fs_and_path
+    from levanter_mars.training.trainer import MarsTrainer
+
+    original_step = MarsTrainer.train_step
+
+    def exists(path: str) -> bool:
+        fs, plain = fs_and_path(path)
+        fs.invalidate_cache()  # object-store listings are cached: look again at each step
+        return fs.exists(plain)
+
+    def train_step(self, state, *batch, **batch_kwargs):
+        # Every process of a pod does the same reads, step by step (a host reading the step alone could fall out of
+        # step with the others' collectives); only the chosen one is killed.
+        if int(state.step) >= step and (once_exists is None or exists(once_exists)):
+            if process is None or jax.process_index() == process:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return original_step(self, state, *batch, **batch_kwargs)
+
+    MarsTrainer.train_step = train_step
 
 
 class _PartialWriter:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import yaml
 
@@ -85,21 +83,6 @@ def start_cli(
     log = open(log_path, "w") if log_path else subprocess.DEVNULL
     command = cli_command(config_path, *extra, prelude=prelude)
     return subprocess.Popen(command, cwd=REPO, env=_env(env), stdout=log, stderr=subprocess.STDOUT)
-
-
-def kill_when(proc: subprocess.Popen, condition: Callable[[], bool], timeout: float = 300, poll: float = POLL_S) -> bool:
-    """SIGKILLs ``proc`` as soon as ``condition()`` holds. Returns False if the process ended first."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            return False
-        if condition():
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            return True
-        time.sleep(poll)
-    proc.kill()
-    raise TimeoutError("condition never held")
 
 
 def last_step(metrics_path: Path) -> int:

@@ -244,7 +244,6 @@ def mars(
     validate_step_sizes(learning_rate=learning_rate, learning_rate_1d=learning_rate_1d, weight_decay=weight_decay,
                         weight_decay_1d=weight_decay_1d)
     return optax.chain(
-        optax.identity(),  # layout of checkpoints: the slot of a global clip that scale_by_mars now folds in
         scale_by_mars(
             variant,
             b1,

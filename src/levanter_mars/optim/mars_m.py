@@ -208,7 +208,6 @@ def mars_m(
     """
     validate_step_sizes(learning_rate=learning_rate, weight_decay=weight_decay)
     return optax.chain(
-        optax.identity(),  # layout of checkpoints: the slot of a global clip that scale_by_mars_m now folds in
         scale_by_mars_m(
             b1,
             gamma,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Optional
 
-import chex
 import jax
 import jax.numpy as jnp
 import optax
@@ -32,7 +31,7 @@ class ScaleByMarsState(NamedTuple):
     Absent buffers are ``MaskedNode`` (a pytree without leaves), so they cost nothing and checkpoint cleanly.
     """
 
-    count: chex.Array
+    count: jax.Array
     mu: optax.Updates
     nu: optax.Updates
     prev: optax.Updates

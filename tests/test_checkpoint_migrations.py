@@ -54,9 +54,10 @@ def _grads(params, step):
 
 
 def _load(path, like):
-    return load_in_any_layout(
-        str(path), lambda layout: layout.to_current(tree_deserialize_leaves_tensorstore(str(path), layout.to_stored(like)))
-    )
+    def load(layout):
+        return layout.to_current(tree_deserialize_leaves_tensorstore(str(path), layout.to_stored(like)))
+
+    return load_in_any_layout(str(path), load)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -106,7 +107,8 @@ def test_a_state_in_no_known_layout_is_refused_naming_the_checkpoint(tmp_path):
 def test_the_layout_maps_are_inverse_and_move_only_the_mars_chain():
     state = optax.inject_hyperparams(lambda learning_rate: mars_m(learning_rate))(learning_rate=1e-2).init(_params())
     stored = LEADING_SLOT.to_stored(state)
-    assert isinstance(stored.inner_state[0], optax.EmptyState) and len(stored.inner_state) == len(state.inner_state) + 1
+    assert isinstance(stored.inner_state[0], optax.EmptyState)
+    assert len(stored.inner_state) == len(state.inner_state) + 1
     assert jax.tree.structure(LEADING_SLOT.to_current(stored)) == jax.tree.structure(state)
     adamw = optax.adamw(1e-3).init(_params())  # no MARS chain: nothing to move
     assert jax.tree.structure(LEADING_SLOT.to_stored(adamw)) == jax.tree.structure(adamw)

@@ -118,8 +118,8 @@ def begin_step(
 
 
 def clipped_correction(g: jax.Array, g_prev: Any, step: StepContext, b1: float) -> jax.Array:
-    r""":math:`c_t = \operatorname{Clip}(g_t + \gamma \frac{\beta_1}{1-\beta_1}(g_t - \tilde g_{t-1}), 1)` of one layer,
-    from the globally clipped gradients: the corrected gradient over :math:`\max(1, \lVert c_t \rVert_2)`."""
+    r""":math:`c_t = \operatorname{Clip}(g_t + \gamma \frac{\beta_1}{1-\beta_1}(g_t - \tilde g_{t-1}), 1)` of one
+    layer, from the globally clipped gradients: the corrected gradient over :math:`\max(1, \lVert c_t \rVert_2)`."""
     c, c_norm = corrected_gradient_and_norm(g, g_prev, step.gamma, b1, clips=(step.clip, step.previous.clip))
     return c * (1.0 / jnp.maximum(1.0, c_norm))  # a product, not c / max(...): XLA:CPU writes quotients out
 

@@ -73,7 +73,8 @@ def load_in_any_layout(path: str, load: Callable[[Layout], State]) -> State:
             missing[layout.name] = str(e)
             continue
         if layout is not CURRENT:
-            logger.info("Checkpoint %s has the optimizer-state layout of %s: migrated on load", path, layout.written_by)
+            logger.info("Checkpoint %s has the optimizer-state layout of %s: migrated on load", path,
+                        layout.written_by)
         return state
     details = "; ".join(f"{name}: {reason[:300]}" for name, reason in missing.items())
     raise CheckpointError(

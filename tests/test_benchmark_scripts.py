@@ -196,6 +196,6 @@ def test_baseline_ref_imports_an_earlier_optim_beside_the_current_one():
     assert old.mars.__module__ == "levanter_mars.optim.mars" and old.mars is not current.mars
     assert sys.modules["levanter_mars.optim"] is current
     state = old.mars(1e-3, max_grad_norm=1.0).init({"w": __import__("jax").numpy.ones((2, 2))})
-    assert type(state[1]).__name__ == "ScaleByMarsState"
+    assert "ScaleByMarsState" in [type(s).__name__ for s in state]
     with pytest.raises(SystemExit, match="no-such-ref"):
         load_optim("no-such-ref")

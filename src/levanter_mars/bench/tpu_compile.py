@@ -115,6 +115,8 @@ def compile_update(step: Any, init: Any, params: Any, data: Any, target: TpuTarg
         "tpu_passes": None if accessed is None else accessed / parameter_bytes,
         "tpu_temp_mib": getattr(stats, "temp_size_in_bytes", 0) / 2**20,
         "tpu_copy_mib": None if found["copy_bytes"] is None else found["copy_bytes"] / 2**20,
+        # Of tpu_passes, the staging between memory spaces (bench.hlo): each staged array is read and written once.
+        "tpu_staging_passes": None if found["staging_bytes"] is None else 2 * found["staging_bytes"] / parameter_bytes,
         "tpu_bytes_accessed": accessed,
     }
 
@@ -137,6 +139,7 @@ def columns(targets: Sequence[TpuTarget]) -> list[tuple[str, str]]:
     out = []
     for t in targets:
         out += [(f"{t.name}_passes", f"{t.name} passes"), (f"{t.name}_ratio", f"{t.name} x AdamW"),
+                (f"{t.name}_staging_passes", f"{t.name} of which staging"),
                 (f"{t.name}_temp_mib", f"{t.name} temp MiB")]
     return out
 
@@ -160,6 +163,7 @@ def compare(cases: Sequence[Any], params: Any, gradient_and_objective: Any, targ
             row[f"{target.name}_passes"] = result["tpu_passes"]
             row[f"{target.name}_temp_mib"] = result["tpu_temp_mib"]
             row[f"{target.name}_copy_mib"] = result["tpu_copy_mib"]
+            row[f"{target.name}_staging_passes"] = result["tpu_staging_passes"]
     base = found.get(baseline, {})
     for row in found.values():
         for target in targets:

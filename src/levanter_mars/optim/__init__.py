@@ -1,5 +1,5 @@
 """MARS and MARS-M as named-axis optax transformations, plus their Levanter optimizer configs (registered only where
-Levanter is importable: the optimizer itself needs only jax, optax, equinox, haliax and chex)."""
+Levanter is importable: the optimizer itself needs only jax, optax, equinox and haliax)."""
 
 from levanter_mars.optim.hyperparameters import HyperparameterError, validate_mars_hyperparameters
 from levanter_mars.optim.mars import mars, mars_param_labels, scale_by_mars

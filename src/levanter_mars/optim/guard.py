@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import chex
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -19,8 +18,8 @@ class NonFiniteGuardState(NamedTuple):
     """
 
     inner_state: Any
-    skipped_steps: chex.Array
-    consecutive_skips: chex.Array
+    skipped_steps: jax.Array
+    consecutive_skips: jax.Array
 
     @property
     def hyperparams(self) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Registration of the optimizer configs with Levanter, only where a Levanter can be imported.
 
-The optimizer needs only jax, optax, equinox, haliax and chex; Levanter (the pinned ``levanter`` or Marin's
+The optimizer needs only jax, optax, equinox and haliax; Levanter (the pinned ``levanter`` or Marin's
 ``marin-levanter``, which installs the same ``levanter`` package) is optional. Where one is importable,
 ``import levanter_mars.optim`` is enough for ``optimizer: {type: mars-adamw | mars-lion | mars-shampoo | mars-m}`` to
 parse in its configs, so a Marin script needs no import of ours beyond the optimizer package.

@@ -35,19 +35,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from levanter_mars.optim.fewer_passes import corrected_gradient_and_norm, ordered_on_cpu
-from levanter_mars.optim.hyperparameters import (
-    ScalarOrSchedule,
-    evaluate,
-    validate_mars_hyperparameters,
-    validate_step_sizes,
-)
+from levanter_mars.optim.fewer_passes import ordered_on_cpu
+from levanter_mars.optim.hyperparameters import ScalarOrSchedule, validate_mars_hyperparameters, validate_step_sizes
 from levanter_mars.optim.mars_family import (
     ScaleByMarsState,
-    global_clip_scale,
+    begin_step,
+    clipped_correction,
     initial_state,
     mars_family_step,
-    previous_gradient,
 )
 from levanter_mars.optim.tensor_roles import TensorRole, map_roles, tensor_roles
 from levanter_mars.optim.update_rules import mars_adam_direction, orthogonalize, shampoo_scale
@@ -121,16 +116,13 @@ def scale_by_mars(
     def update_fn(grads, state: ScaleByMarsState, params=None, *, obj_fn=None, **extra_args):
         del extra_args
         roles = tensor_roles(grads)
-        t, gamma_t = optax.safe_increment(state.count), evaluate(gamma, state.count)
-        clip = global_clip_scale(grads, max_grad_norm)
-        previous = previous_gradient(state, params, obj_fn, exact=exact, corrected=corrected, roles=roles,
-                                     max_grad_norm=max_grad_norm)
+        step = begin_step(grads, state, params, obj_fn, gamma=gamma, exact=exact, corrected=corrected, roles=roles,
+                          max_grad_norm=max_grad_norm)
+        t, clip = step.t, step.clip
 
         # One layer of one tensor, in float32: (direction, m_t, v_t, the gradient kept as the next g~_{t-1}).
         def mars_layer(layout, g, m, v, g_prev):
-            # c_t = g_t + gamma * b1 / (1 - b1) * (g_t - g~_{t-1}), of the globally clipped gradients, and ||c_t||
-            c, c_norm = corrected_gradient_and_norm(g, g_prev, gamma_t, b1, clips=(clip, previous.clip))
-            c = c * (1.0 / jnp.maximum(1.0, c_norm))  # c_t / max(1, ||c_t||) (a product: XLA:CPU writes quotients out)
+            c = clipped_correction(g, g_prev, step, b1)  # c_t = Clip(g_t + gamma b1/(1-b1) (g_t - g~_{t-1}), 1)
             m = b1 * m + (1 - b1) * c
             if variant == "lion":
                 direction = jnp.sign(m)
@@ -151,7 +143,7 @@ def scale_by_mars(
         def update_for(role: TensorRole):
             return mars_layer if _uses_mars(role, optimize_1d) else adamw_1d_layer
 
-        return mars_family_step(update_for, roles, grads, state, params, previous, exact=exact)
+        return mars_family_step(update_for, roles, grads, state, params, step.previous, exact=exact)
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -244,7 +236,6 @@ def mars(
     validate_step_sizes(learning_rate=learning_rate, learning_rate_1d=learning_rate_1d, weight_decay=weight_decay,
                         weight_decay_1d=weight_decay_1d)
     return optax.chain(
-        optax.identity(),  # layout of checkpoints: the slot of a global clip that scale_by_mars now folds in
         scale_by_mars(
             variant,
             b1,

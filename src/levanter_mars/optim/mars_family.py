@@ -1,17 +1,18 @@
-"""What MARS and MARS-M share around their equations: the state, the global clip factor, the previous gradient and
-the step over a tree (:func:`mars_family_step`). The equations themselves are in ``scale_by_mars(_m)``."""
+"""What MARS and MARS-M share around their equations: the state, what a step starts from (:func:`begin_step`: the
+global clip factor, the previous gradient), the clipped corrected gradient :math:`c_t` (:func:`clipped_correction`)
+and the step over a tree (:func:`mars_family_step`). The equations themselves are in ``scale_by_mars(_m)``."""
 
 from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Optional
 
-import chex
 import jax
 import jax.numpy as jnp
 import optax
 from optax import tree_utils as otu
 
-from levanter_mars.optim.fewer_passes import squared_norm
+from levanter_mars.optim.fewer_passes import corrected_gradient_and_norm, squared_norm
+from levanter_mars.optim.hyperparameters import ScalarOrSchedule, evaluate
 from levanter_mars.optim.objective import objective_gradient
 from levanter_mars.optim.per_tensor import ABSENT, LayerUpdate, map_layer_update
 from levanter_mars.optim.tensor_roles import TensorRole, map_roles
@@ -30,7 +31,7 @@ class ScaleByMarsState(NamedTuple):
     Absent buffers are ``MaskedNode`` (a pytree without leaves), so they cost nothing and checkpoint cleanly.
     """
 
-    count: chex.Array
+    count: jax.Array
     mu: optax.Updates
     nu: optax.Updates
     prev: optax.Updates
@@ -88,6 +89,39 @@ def previous_gradient(
     grads = objective_gradient(obj_fn, previous_params)
     clip = jnp.where(state.count == 0, 0.0, global_clip_scale(grads, max_grad_norm))
     return PreviousGradient(map_roles(lambda role, g: g if corrected(role) else ABSENT, roles, grads), clip)
+
+
+class StepContext(NamedTuple):
+    """What every layer of one step shares."""
+
+    t: Any
+    """The step, counted from 1."""
+    gamma: Any
+    """The strength of the correction at this step."""
+    clip: Any
+    """The global clip factor of the incoming gradients (1 without ``max_grad_norm``)."""
+    previous: PreviousGradient
+
+
+def begin_step(
+    grads: Any, state: ScaleByMarsState, params: Any, obj_fn: Any, *, gamma: ScalarOrSchedule, exact: bool,
+    corrected: Callable[[TensorRole], bool], roles: Any, max_grad_norm: Optional[float],
+) -> StepContext:
+    """The step count, gamma at this step, the global clip factor and the previous gradient, for ``update_fn``."""
+    return StepContext(
+        t=optax.safe_increment(state.count),
+        gamma=evaluate(gamma, state.count),
+        clip=global_clip_scale(grads, max_grad_norm),
+        previous=previous_gradient(state, params, obj_fn, exact=exact, corrected=corrected, roles=roles,
+                                   max_grad_norm=max_grad_norm),
+    )
+
+
+def clipped_correction(g: jax.Array, g_prev: Any, step: StepContext, b1: float) -> jax.Array:
+    r""":math:`c_t = \operatorname{Clip}(g_t + \gamma \frac{\beta_1}{1-\beta_1}(g_t - \tilde g_{t-1}), 1)` of one
+    layer, from the globally clipped gradients: the corrected gradient over :math:`\max(1, \lVert c_t \rVert_2)`."""
+    c, c_norm = corrected_gradient_and_norm(g, g_prev, step.gamma, b1, clips=(step.clip, step.previous.clip))
+    return c * (1.0 / jnp.maximum(1.0, c_norm))  # a product, not c / max(...): XLA:CPU writes quotients out
 
 
 def mars_family_step(

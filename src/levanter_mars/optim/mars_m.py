@@ -25,22 +25,16 @@ from typing import Any
 
 import haliax as hax
 import jax
-import jax.numpy as jnp
 import optax
 
-from levanter_mars.optim.fewer_passes import corrected_gradient_and_norm, ordered_on_cpu
-from levanter_mars.optim.hyperparameters import (
-    ScalarOrSchedule,
-    evaluate,
-    validate_mars_m_hyperparameters,
-    validate_step_sizes,
-)
+from levanter_mars.optim.fewer_passes import ordered_on_cpu
+from levanter_mars.optim.hyperparameters import ScalarOrSchedule, validate_mars_m_hyperparameters, validate_step_sizes
 from levanter_mars.optim.mars_family import (
     ScaleByMarsState,
-    global_clip_scale,
+    begin_step,
+    clipped_correction,
     initial_state,
     mars_family_step,
-    previous_gradient,
 )
 from levanter_mars.optim.tensor_roles import TensorKind, TensorRole, is_role, map_roles, tensor_roles
 from levanter_mars.optim.update_rules import mars_m_adam_direction, moonlight_scale, orthogonalize
@@ -127,16 +121,13 @@ def scale_by_mars_m(
     def update_fn(grads, state: ScaleByMarsState, params=None, *, obj_fn=None, **extra_args):
         del extra_args
         roles = mars_m_roles(grads, matrix_mask)
-        t, gamma_t = optax.safe_increment(state.count), evaluate(gamma, state.count)
-        clip = global_clip_scale(grads, max_grad_norm)
-        previous = previous_gradient(state, params, obj_fn, exact=exact, corrected=corrected, roles=roles,
-                                     max_grad_norm=max_grad_norm)
+        step = begin_step(grads, state, params, obj_fn, gamma=gamma, exact=exact, corrected=corrected, roles=roles,
+                          max_grad_norm=max_grad_norm)
+        t, gamma_t, clip = step.t, step.gamma, step.clip
 
         # One layer of one tensor, in float32: (direction, m_t, v_t, the gradient kept as the next g~_{t-1}).
         def mars_m_layer(layout, g, m, v, g_prev):
-            # c_t = g_t + gamma * b1 / (1 - b1) * (g_t - g~_{t-1}), of the globally clipped gradients, and ||c_t||
-            c, c_norm = corrected_gradient_and_norm(g, g_prev, gamma_t, b1, clips=(clip, previous.clip))
-            c = c * (1.0 / jnp.maximum(1.0, c_norm))  # c_t / max(1, ||c_t||) (a product: XLA:CPU writes quotients out)
+            c = clipped_correction(g, g_prev, step, b1)  # c_t = Clip(g_t + gamma b1/(1-b1) (g_t - g~_{t-1}), 1)
             m = b1 * m + (1 - b1) * c
             return moonlight_scale(layout) * orthogonalize(m, layout, ns_steps), m, v, ordered_on_cpu(clip, m) * g
 
@@ -157,7 +148,7 @@ def scale_by_mars_m(
                 return adamw_layer
             return efficient_layer if efficient else mars_m_layer
 
-        return mars_family_step(update_for, roles, grads, state, params, previous, exact=exact)
+        return mars_family_step(update_for, roles, grads, state, params, step.previous, exact=exact)
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -208,7 +199,6 @@ def mars_m(
     """
     validate_step_sizes(learning_rate=learning_rate, weight_decay=weight_decay)
     return optax.chain(
-        optax.identity(),  # layout of checkpoints: the slot of a global clip that scale_by_mars_m now folds in
         scale_by_mars_m(
             b1,
             gamma,

@@ -5,7 +5,8 @@
 * ``metrics.jsonl`` in the run directory, written by process 0 only and trimmed on resume so that a resumed run's
   file reads as one run.
 * Resume follows the :class:`~levanter_mars.training.checkpointing.resume.ResumePlan` process 0 made: every host loads the same
-  checkpoint, or all move on to the previous one together.
+  checkpoint, or all move on to the previous one together. A checkpoint in an earlier main's optimizer-state layout is
+  migrated as it loads (:mod:`~levanter_mars.training.checkpointing.migrations`).
 * Non-finite steps are skipped (and counted as ``optim/skipped_steps``) or stop the run, per ``trainer.nonfinite``;
   a non-finite state is never written to a checkpoint.
 * The final checkpoint is written, and a run whose data runs out early says so.
@@ -35,6 +36,7 @@ from levanter_mars.training.checkpointing.storage import check_writable
 from levanter_mars.training.errors import CheckpointError, DataExhaustedError
 from levanter_mars.training.run.metrics import METRICS_FILENAME, JsonlMetricsTracker
 from levanter_mars.training.nonfinite import NONFINITE_POLICIES, NonFiniteMonitor
+from levanter_mars.training.checkpointing.migrations import load_trainer_state
 from levanter_mars.training.checkpointing.resume import ResumePlan, load_first_usable
 
 logger = logging.getLogger(__name__)
@@ -141,9 +143,17 @@ class MarsTrainer(FixedTrainer):
         def fresh():
             return super(MarsTrainer, self).initial_state(training_key, model, model_init, is_trainable=is_trainable)
 
+        def fresh_with(optimizer):
+            # Levanter builds the state it loads into from self.optimizer: a stored layout's, for the time of a load.
+            current, self.optimizer = self.optimizer, optimizer
+            try:
+                return fresh()
+            finally:
+                self.optimizer = current
+
         def load(path: str):
             self._resume_from = path
-            return fresh()
+            return load_trainer_state(path, self.optimizer, fresh_with)
 
         state = None
         if self.config.load_checkpoint is not False and self.resume_plan is not None:

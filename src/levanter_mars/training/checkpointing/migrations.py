@@ -1,0 +1,108 @@
+"""Optimizer-state layouts that earlier mains wrote, and how today's code loads a checkpoint in any of them.
+
+A checkpoint stores each leaf of the state under its key path (Levanter's tensorstore layout), and a chain's states
+are numbered by position: ``opt_state/inner_state/inner_state/1/mu/...``. A change that moves a leaf renames it, so
+a checkpoint written before the change names it differently. Each known layout is a pair of pure maps between
+today's optimizer state and the state as that layout stored it. A checkpoint's layout is the first one whose every
+path is stored (Levanter checks the paths before it reads a byte), and the state loaded that way is mapped to today's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Callable, NamedTuple, TypeVar
+
+import jax
+import optax
+
+from levanter_mars.optim.mars_family import ScaleByMarsState
+from levanter_mars.training.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+State = TypeVar("State")
+
+
+class Layout(NamedTuple):
+    name: str
+    written_by: str
+    to_stored: Callable[[Any], Any]
+    """Today's optimizer state -> the state as this layout stored it."""
+    to_current: Callable[[Any], Any]
+    """The inverse: a state loaded in this layout -> today's."""
+
+
+def _is_tuple(x: Any) -> bool:
+    return type(x) is tuple  # a chain's state; NamedTuples are states of single transformations
+
+
+def _is_mars_chain(x: Any) -> bool:
+    return _is_tuple(x) and len(x) > 0 and isinstance(x[0], ScaleByMarsState)
+
+
+def _is_slotted_mars_chain(x: Any) -> bool:
+    return _is_tuple(x) and len(x) > 1 and isinstance(x[0], optax.EmptyState) and isinstance(x[1], ScaleByMarsState)
+
+
+def _with_leading_slot(opt_state: Any) -> Any:
+    return jax.tree.map(lambda x: (optax.EmptyState(), *x) if _is_mars_chain(x) else x, opt_state,
+                        is_leaf=_is_mars_chain)
+
+
+def _without_leading_slot(opt_state: Any) -> Any:
+    return jax.tree.map(lambda x: x[1:] if _is_slotted_mars_chain(x) else x, opt_state,
+                        is_leaf=_is_slotted_mars_chain)
+
+
+CURRENT = Layout("current", "today's main", lambda s: s, lambda s: s)
+#: ``mars()``/``mars_m()`` began their chain with a stateless slot (``clip_by_global_norm`` at 949b23f, then
+#: ``optax.identity()`` once the clip was folded into ``scale_by_mars``), so the MARS state was chain position 1.
+LEADING_SLOT = Layout("leading-slot", "949b23f to f18f19f", _with_leading_slot, _without_leading_slot)
+LAYOUTS = (CURRENT, LEADING_SLOT)
+
+
+def load_in_any_layout(path: str, load: Callable[[Layout], State]) -> State:
+    """``load(layout)`` loads the checkpoint at ``path`` as ``layout`` stored it and returns today's state, or raises
+    ``FileNotFoundError`` when a path of that layout is not stored. Returns the first layout's that loads."""
+    missing = {}
+    for layout in LAYOUTS:
+        try:
+            state = load(layout)
+        except FileNotFoundError as e:
+            missing[layout.name] = str(e)
+            continue
+        if layout is not CURRENT:
+            logger.info("Checkpoint %s has the optimizer-state layout of %s: migrated on load", path,
+                        layout.written_by)
+        return state
+    details = "; ".join(f"{name}: {reason[:300]}" for name, reason in missing.items())
+    raise CheckpointError(
+        f"checkpoint {path} matches no known optimizer-state layout ({', '.join(l.written_by for l in LAYOUTS)}): "
+        f"{details}"
+    )
+
+
+def load_trainer_state(path: str, optimizer: optax.GradientTransformation,
+                       build: Callable[[optax.GradientTransformation], Any]) -> Any:
+    """Today's trainer state from the checkpoint at ``path``, whatever its known layout.
+
+    ``build(optimizer)`` loads the checkpoint into a trainer state whose optimizer state is ``optimizer``'s.
+    """
+
+    def load(layout: Layout) -> Any:
+        if layout is CURRENT:
+            return build(optimizer)
+        state = build(stored_as(layout, optimizer))
+        return dataclasses.replace(state, optimizer=optimizer, opt_state=layout.to_current(state.opt_state))
+
+    return load_in_any_layout(path, load)
+
+
+def stored_as(layout: Layout, optimizer: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``optimizer`` with its state in ``layout``: only to build the tree a checkpoint is loaded into."""
+
+    def update(*args, **kwargs):
+        raise AssertionError(f"the optimizer stored as {layout.name} only describes a checkpoint's layout")
+
+    return optax.GradientTransformation(lambda params: layout.to_stored(optimizer.init(params)), update)

@@ -1,16 +1,19 @@
 """Levanter's LM families through the CLI: refusals before anything compiles, the role audit CLI, and (slow) nano
 Llama and nano Mixtral trained offline with MARS-AdamW and MARS-M, with the audit in the log, the eval loss, an HF
-export, and a bitwise resume after kill -9."""
+export, the eval harness (nano Llama MARS-M) and a bitwise resume after kill -9 (MARS-M, both families)."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
 from levanter_mars.optim import roles
+from levanter_mars.training.run.metrics import read_metrics
+from tests.helpers.evals import include_suite
 from tests.helpers.faults import prelude
 from tests.helpers.training import (
     REPO,
@@ -88,6 +91,35 @@ def test_llama_ladder_configs_share_model_and_trainer_across_optimizers(size):
     assert audit.warnings == ()
 
 
+PREFLIGHT = re.compile(r"# Pre-flight \(TPU compiler, (docs/pods/\S+\.json)[^)]*\): ([\d.]+) GiB per chip of (\d+) on "
+                       r"(\S+) at (\d+) sequences per chip: (fits|does not fit)\.")
+
+
+@pytest.mark.parametrize("size,optimizer", [(s, o) for s in sorted(LADDER) for o in ("mars", "mars_m", "adamw")])
+def test_llama_ladder_header_states_its_preflight_verdict(size, optimizer):
+    """The header's pre-flight figure is the docs/pods JSON it cites, compiled for this slice and batch; a header
+    says UNCHECKED exactly when no pre-flight of this size on its slice is in docs/pods."""
+    from levanter_mars.training.config import parse_config
+
+    path = REPO / "config" / f"llama_{size}_{optimizer}.yaml"
+    header = path.read_text()
+    slice_ = re.search(r"--tpu_type (\S+)", header).group(1)
+    compiled = sorted((REPO / "docs" / "pods").glob(f"llama_{size}_*__{slice_}.json"))
+    match = PREFLIGHT.search(header)
+    assert ("Sizing UNCHECKED" in header) == (not compiled) == (match is None), (path.name, compiled)
+    if not compiled:
+        return
+    cited, gib, hbm, tpu_type, per_chip, verdict = match.groups()
+    report = json.loads((REPO / cited).read_text())
+    assert Path(report["config"]).stem.startswith(f"llama_{size}_")  # this config or its same-shape sibling
+    assert f"--tpu_type {tpu_type}" in header and report["tpu_type"] == tpu_type
+    assert float(gib) == round(report["per_chip"]["total"] / 2**30, 1) and int(hbm) == report["hbm_bytes_per_chip"] >> 30
+    assert verdict == ("fits" if report["fits"] else "does not fit")
+    trainer = parse_config(["--config_path", str(path)]).trainer
+    assert report["train_batch_size"] == trainer.train_batch_size
+    assert report["per_device_parallelism"] == trainer.per_device_parallelism == int(per_chip)
+
+
 # --- Training (slow): nano Llama and nano Mixtral, each with MARS-AdamW and MARS-M, a few steps each. -------------
 
 NANO = {
@@ -96,6 +128,8 @@ NANO = {
     for optimizer in ("mars", "mars_m")
 }
 STEPS = 6
+#: The run that also runs the eval harness (the offline task of tests/data/lm_eval_tasks) at its last step.
+HARNESS_RUN = ("llama", "mars_m")
 
 
 def _nano_config(workdir: Path, corpus: Path, family: str, optimizer: str, run_id: str) -> Path:
@@ -123,6 +157,8 @@ def nano_runs(tmp_path_factory, pydocs_corpus):
         if (family, optimizer) not in runs:
             run_id = f"nano-{family}-{optimizer}"
             config = _nano_config(workdir, pydocs_corpus, family, optimizer, run_id)
+            if (family, optimizer) == HARNESS_RUN:
+                include_suite(config)
             proc = run_cli(config)
             assert proc.returncode == 0, describe_failure(proc)
             runs[family, optimizer] = (config, proc, run_paths(workdir, run_id), workdir / "hf" / run_id)
@@ -152,12 +188,25 @@ def test_nano_family_trains_offline_evaluates_and_exports(nano_runs, family, opt
 
 
 @pytest.mark.slow
+def test_nano_llama_runs_the_eval_harness_at_its_last_step(nano_runs):
+    _, run = nano_runs
+    _, _, paths, _ = run(*HARNESS_RUN)
+    acc = {r["step"]: r["lm_eval/pydocs_mc/acc"] for r in read_metrics(paths["metrics"]) if "lm_eval/pydocs_mc/acc" in r}
+    assert list(acc) == [STEPS - 1] and 0.0 <= acc[STEPS - 1] <= 1.0, acc
+    results = json.loads((paths["run_dir"] / "eval" / "in_training" / f"step-{STEPS - 1}" / "results.json").read_text())
+    assert len(results["samples"]["pydocs_mc"]) == 48  # every question of the local task was scored
+    assert results["results"]["pydocs_mc"]["acc,none"] == acc[STEPS - 1]
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_nano_mixtral_resumes_bitwise_after_kill_9(nano_runs, pydocs_corpus):
+@pytest.mark.parametrize("family", ["llama", "mixtral"])
+def test_nano_family_resumes_bitwise_after_kill_9(nano_runs, pydocs_corpus, family):
     workdir, run = nano_runs
-    _, _, reference, _ = run("mixtral", "mars_m")
-    config = _nano_config(workdir, pydocs_corpus, "mixtral", "mars_m", "nano-mixtral-killed")
-    paths = run_paths(workdir, "nano-mixtral-killed")
+    _, _, reference, _ = run(family, "mars_m")
+    run_id = f"nano-{family}-killed"
+    config = _nano_config(workdir, pydocs_corpus, family, "mars_m", run_id)
+    paths = run_paths(workdir, run_id)
     # SIGKILLed by the fault hook as soon as the step-3 checkpoint is complete: a poll can miss that window on an idle
     # machine and let the run finish first.
     killed = run_cli(config, prelude=prelude("install_kill_after_manifest", step=3))

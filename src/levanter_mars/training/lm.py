@@ -37,7 +37,6 @@ HookInstaller = Callable[[MarsTrainer, object], None]
 
 
 def train_lm(config: TrainLmConfig, *, run_info: dict, resume: Optional[ResumePlan], add_hooks: HookInstaller):
-    boolean_loss_masks()  # the training and eval losses, on jax >= 0.8 (compat entry 7)
     tokenizer = config.data.the_tokenizer
     converter = hf_converter(config.model, tokenizer)
 
@@ -73,6 +72,7 @@ def train_lm(config: TrainLmConfig, *, run_info: dict, resume: Optional[ResumePl
 
 def build_trainer(config: TrainLmConfig, *, run_info: dict, resume: Optional[ResumePlan]) -> MarsTrainer:
     """The trainer, its optimizer and loss, as training runs them (pre-flight compiles the same step)."""
+    boolean_loss_masks()  # the training and eval losses (and pre-flight's), on jax >= 0.8 (compat entry 7)
     optimizer = config.optimizer.build(config.trainer.num_train_steps)
     loss_function = differentiable_loss(
         functools.partial(compute_next_token_loss, logsumexp_weight=config.z_loss_weight)

@@ -17,6 +17,12 @@ import pytest
 from levanter_mars.bench import optimizers as opt
 from levanter_mars.bench.hlo import entry_copies, entry_staging, traffic
 
+# What MARS-AdamW must move beyond AdamW on its matrices, in fp32 passes (the ideal 12 against AdamW's 8, issue 21):
+# the per-tensor norm of c_t reads g and the previous gradient, and the update reads and writes the previous gradient.
+# The limit is this ideal rather than a margin over XLA's own count of AdamW, which moved by a whole pass between
+# jax 0.7.2 and 0.9.2 (XLA 0.9 fuses AdamW's g*g and counts g read once), while our program stayed the same.
+MARS_OVER_ADAMW_PASSES = 4
+
 SHAPES = {"embedding": (1024, 256), "w_in": (256, 1024), "w_out": (1024, 256), "bias": (1024,), "scale": (256,)}
 
 
@@ -43,8 +49,9 @@ def adamw_traffic():
 def test_approx_update_needs_no_buffer_copy_and_no_more_traffic_than_adamw(name, adamw_traffic):
     ours = traffic(_compiled_step(name))
     assert ours["copies"] == 0, f"{name}: XLA copies a donated buffer ({ours['copy_bytes']} bytes)"
-    previous_gradient_bytes = 4 * sum(math.prod(shape) for shape in SHAPES.values() if len(shape) == 2)
-    assert ours["bytes_accessed"] <= adamw_traffic["bytes_accessed"] + 2 * previous_gradient_bytes, (ours, adamw_traffic)
+    matrix_bytes = 4 * sum(math.prod(shape) for shape in SHAPES.values() if len(shape) == 2)
+    limit = adamw_traffic["bytes_accessed"] + MARS_OVER_ADAMW_PASSES * matrix_bytes
+    assert ours["bytes_accessed"] <= limit, (ours, adamw_traffic)
 
 
 def test_mars_m_overwrites_its_previous_gradient_in_place():

@@ -1,12 +1,14 @@
 """The pod sizing table, from pre-flight's JSON (never typed by hand).
 
     python scripts/size_pods.py run [--jobs 2] [--search]   # compile every case missing from docs/pods/*.json
-    python scripts/size_pods.py table                         # rewrite the generated table in docs/pods.md
+    python scripts/size_pods.py table                         # rewrite docs/pods.md's tables and the configs'
+                                                              # pre-flight comment lines
 
 Cases: every shipped GPT-2 config on the slice its comment names (``--tpu_type`` in its Launch line) and on the next
-smaller slice of that generation. ``--search`` also finds the largest ``trainer.per_device_parallelism`` that fits
-on the named slice (bisection over the divisors of the per-chip batch). Each case is one pre-flight subprocess
-(``python -m levanter_mars.main.preflight --json``) whose last stdout line is stored as docs/pods/<case>.json.
+smaller slice of that generation. ``--search`` also confirms the largest ``trainer.per_device_parallelism`` that
+fits on each (predicted from the compiled figures, then compiled there and at the next valid value above). Each
+case is one pre-flight subprocess (``python -m levanter_mars.main.preflight --json``) whose last stdout line is
+stored as docs/pods/<case>.json (with the command's wall time added).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -48,12 +51,9 @@ def named_slice(config: str) -> str:
 
 
 def smaller_slice(tpu_type: str) -> str | None:
-    from levanter.infra.ray_tpu import TPU_CONFIGS
+    from levanter_mars.infra.slices import neighbour_slice
 
-    generation = tpu_type.split("-")[0]
-    chips = next(c.chip_count for c in TPU_CONFIGS if c.name == tpu_type)
-    smaller = sorted((c.chip_count, c.name) for c in TPU_CONFIGS if c.name.startswith(generation + "-"))
-    return next((name for n, name in reversed(smaller) if n < chips), None)
+    return neighbour_slice(tpu_type, larger=False)
 
 
 def case_file(config: str, tpu_type: str, pdp: int | None = None) -> Path:
@@ -69,12 +69,16 @@ def preflight(config: str, tpu_type: str, pdp: int | None = None) -> dict:
                "--json"]
     if pdp is not None:
         command += ["--", "--trainer.per_device_parallelism", str(pdp)]
+    start = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - start
     lines = done.stdout.strip().splitlines()
     if done.returncode not in (0, 2) or not lines or not lines[-1].startswith("{"):
         print(f"FAILED {config} {tpu_type} pdp={pdp}: exit {done.returncode}\n{done.stderr[-2000:]}", flush=True)
         return {}
     result = json.loads(lines[-1])
+    # The whole pre-flight as a user waits for it (start-up, model build, tracing, compiles), beside the compile.
+    result["preflight_wall_seconds"] = round(wall, 1)
     OUT.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"{config} {tpu_type} pdp={result['per_device_parallelism']}: "
@@ -83,22 +87,37 @@ def preflight(config: str, tpu_type: str, pdp: int | None = None) -> dict:
     return result
 
 
-def largest_fitting(config: str, tpu_type: str) -> None:
-    """Bisection over the per-chip batch's divisors (memory grows with the microbatch)."""
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def per_chip_batch(result: dict) -> int:
+    return result["train_batch_size"] // result["data_axis_size"]
+
+
+def predicted_largest(result: dict) -> int | None:
+    """The largest valid pdp (a divisor of the per-chip batch) that the compiler's figures at one pdp predict to fit:
+    temporaries scale with the microbatch (taken through the origin, which over-predicts above the compiled pdp),
+    the rest (parameters, optimizer state, batch) does not."""
+    if not result["fits"]:
+        return None
+    fixed = result["per_chip"]["total"] - result["per_chip"]["temporaries"]
+    per_sequence = result["per_chip"]["temporaries"] / result["per_device_parallelism"]
+    fitting = [d for d in divisors(per_chip_batch(result)) if fixed + per_sequence * d <= result["hbm_bytes_per_chip"]]
+    return max(fitting) if fitting else None
+
+
+def confirm_largest(config: str, tpu_type: str) -> None:
+    """Compiles the predicted largest pdp and the next valid one above it (if any)."""
     base = preflight(config, tpu_type)
-    if not base:
+    predicted = predicted_largest(base) if base else None
+    if predicted is None:
         return
-    per_chip = base["train_batch_size"] // base["data_axis_size"]
-    candidates = [d for d in range(1, per_chip + 1) if per_chip % d == 0]
-    low, high = 0, len(candidates) - 1
-    while low <= high:
-        mid = (low + high) // 2
-        pdp = candidates[mid]
-        result = base if pdp == base["per_device_parallelism"] else preflight(config, tpu_type, pdp)
-        if result and result["fits"]:
-            low = mid + 1
-        else:
-            high = mid - 1
+    valid = divisors(per_chip_batch(base))
+    above = [d for d in valid if d > predicted][:1]
+    for pdp in [predicted, *above]:
+        if pdp != base["per_device_parallelism"]:
+            preflight(config, tpu_type, pdp)
 
 
 def run(jobs: int, search: bool) -> None:
@@ -107,31 +126,46 @@ def run(jobs: int, search: bool) -> None:
     with ThreadPoolExecutor(jobs) as pool:
         list(pool.map(lambda case: preflight(*case), cases))
         if search:
-            list(pool.map(lambda case: largest_fitting(*case), cases[: len(configs())]))
+            list(pool.map(lambda case: confirm_largest(*case), cases))
 
 
 def largest_pdp(config: str, tpu_type: str) -> str:
-    fitting = []
+    """From the compiled JSONs: the largest pdp that fits, and how it is known."""
+    results = {}
     for path in OUT.glob(f"{Path(config).stem}__{tpu_type}*.json"):
         result = json.loads(path.read_text())
-        if result["fits"]:
-            fitting.append(result["per_device_parallelism"])
-    searched = list(OUT.glob(f"{Path(config).stem}__{tpu_type}__pdp*.json"))
+        results[result["per_device_parallelism"]] = result
+    fitting = [p for p, r in results.items() if r["fits"]]
     if not fitting:
-        return "none tried fits"
-    return f"{max(fitting)}" + ("" if searched else " (not searched above)")
+        return "none compiled fits"
+    best = max(fitting)
+    valid = divisors(per_chip_batch(results[best]))
+    above = [d for d in valid if d > best][:1]
+    if not above:
+        return f"{best} (all of the per-chip batch)"
+    if above[0] in results and not results[above[0]]["fits"]:
+        return f"{best} ({above[0]} does not fit)"
+    predicted = predicted_largest(results[best])
+    return f"{best} compiled; {predicted} predicted" if predicted and predicted > best else f"{best} compiled"
+
+
+def eval_cell(result: dict) -> str:
+    evals = {k: v for k, v in result.get("eval", {}).items() if isinstance(v, dict)}
+    if not evals:
+        return "not compiled"
+    return ", ".join(f"{v['total'] / 2**30:.2f}{'' if v['fits'] else ' NO'}" for v in evals.values())
 
 
 def table() -> str:
     rows = ["| config | slice | topology | chips | pdp | params+opt GiB/chip | temp GiB/chip | total GiB/chip "
-            "| HBM GiB | fits | largest pdp that fits | compile s |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| HBM GiB | fits | eval loss GiB/chip | largest pdp that fits | compile s (load) | pre-flight s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for config in configs():
         named = named_slice(config)
         for tpu_type in (named, smaller_slice(named)):
             path = case_file(config, tpu_type)
             if not path.exists():
-                rows.append(f"| {Path(config).stem} | {tpu_type} | | | | | | | | not compiled yet | | |")
+                rows.append(f"| {Path(config).stem} | {tpu_type} | | | | | | | | not compiled yet | | | | |")
                 continue
             r = json.loads(path.read_text())
             c = r["per_chip"]
@@ -140,7 +174,8 @@ def table() -> str:
                 f"| {Path(config).stem} | {tpu_type} | {r['topology']} | {r['chips']} | {r['per_device_parallelism']} "
                 f"| {(c['parameters'] + c['optimizer_state']) / gib:.2f} | {c['temporaries'] / gib:.2f} "
                 f"| {c['total'] / gib:.2f} | {r['hbm_bytes_per_chip'] / gib:.0f} | {'yes' if r['fits'] else 'NO'} "
-                f"| {largest_pdp(config, tpu_type)} | {r['compile_seconds']:.0f} |"
+                f"| {eval_cell(r)} | {largest_pdp(config, tpu_type)} | {r['compile_seconds']:.0f} "
+                f"({r.get('load_average') or '?'}) | {r.get('preflight_wall_seconds') or '?'} |"
             )
     return "\n".join(rows)
 
@@ -161,6 +196,38 @@ def topology_table() -> str:
     return "\n".join(rows)
 
 
+HEADER = "# Pre-flight (TPU compiler, docs/pods.md): "
+SMALLER_HEADER = "# Pre-flight on the next smaller slice: "
+
+
+def header_lines(config: str) -> list[str]:
+    """The config's pre-flight comment lines, from its JSONs: the named slice, and the next smaller one if compiled."""
+    lines = []
+    named = named_slice(config)
+    for prefix, tpu_type in ((HEADER, named), (SMALLER_HEADER, smaller_slice(named))):
+        path = case_file(config, tpu_type)
+        if tpu_type is None or not path.exists():
+            continue
+        r = json.loads(path.read_text())
+        lines.append(
+            f"{prefix}{r['per_chip']['total'] / 2**30:.1f} GiB per chip of {r['hbm_bytes_per_chip'] / 2**30:.0f} on "
+            f"{tpu_type} at {r['per_device_parallelism']} sequences per chip: "
+            + ("fits." if r["fits"] else "DOES NOT FIT.")
+        )
+    return lines
+
+
+def write_headers() -> None:
+    """Rewrites each shipped GPT-2 config's pre-flight comment lines from the JSONs."""
+    for config in configs():
+        path = ROOT / config
+        lines = path.read_text().splitlines()
+        at = next(i for i, line in enumerate(lines) if line.startswith(HEADER))
+        end = at + 1 + (at + 1 < len(lines) and lines[at + 1].startswith(SMALLER_HEADER))
+        lines[at:end] = header_lines(config)
+        path.write_text("\n".join(lines) + "\n")
+
+
 def _replace(text: str, begin: str, body: str) -> str:
     start = text.index(begin) + len(begin)
     end = text.index(END, start)
@@ -170,13 +237,14 @@ def _replace(text: str, begin: str, body: str) -> str:
 def write_table() -> None:
     text = _replace(DOC.read_text(), TOPOLOGY_BEGIN, topology_table())
     DOC.write_text(_replace(text, BEGIN, table()))
+    write_headers()
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("command", choices=["run", "table"])
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--search", action="store_true")
+    parser.add_argument("--search", action="store_true", help="confirm the largest pdp that fits (confirm_largest)")
     args = parser.parse_args()
     if args.command == "run":
         run(args.jobs, args.search)

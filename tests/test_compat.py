@@ -819,6 +819,12 @@ def test_defect_32_the_jitted_train_step_has_no_public_handle():
     assert not [name for name in dir(Trainer) if "jit" in name and not name.startswith("_")]
     assert isinstance(Trainer.__dict__["_jit_train_step_fn"], functools.cached_property)
     assert levanter_training.jitted_train_step.__doc__.startswith("Defect 32")
+    import levanter.eval
+
+    assert not [name for name in dir(levanter.eval) if "RunningMeans" in name and not name.startswith("_")]
+    public = [name for name in dir(levanter.eval.TaggedEvaluator) if not name.startswith("_")]
+    assert not [name for name in public if "state" in name or "zeros" in name], public
+    assert levanter_training.eval_loss_running_state.__doc__.startswith("Defect 32")
 
 
 def _trainer_like_mesh():

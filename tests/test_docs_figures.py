@@ -149,3 +149,20 @@ def test_every_cell_of_a_benchmark_table_is_its_json_value(match, header, rows):
 
 def test_the_benchmark_tables_are_checked():
     assert len(list(_tables())) >= 9
+
+
+def test_pods_tables_and_config_preflight_lines_are_generated_from_the_pods_jsons():
+    """docs/pods.md's sizing and topology tables and every GPT-2 config's pre-flight comment lines are what
+    scripts/size_pods.py makes from docs/pods/*.json today (a hand edit or a new JSON without ``table`` fails)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("size_pods", REPO / "scripts" / "size_pods.py")
+    size_pods = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(size_pods)
+    doc = (REPO / "docs" / "pods.md").read_text()
+    assert size_pods.table() in doc
+    assert size_pods.topology_table() in doc
+    for config in size_pods.configs():
+        lines = (REPO / config).read_text().splitlines()
+        ours = [line for line in lines if line.startswith((size_pods.HEADER, size_pods.SMALLER_HEADER))]
+        assert ours == size_pods.header_lines(config), config

@@ -7,33 +7,18 @@ out-of-memory verdict), a batch that does not divide (refused before anything co
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
+import numpy as np
 import pytest
 from levanter.infra.ray_tpu import TPU_CONFIGS
 
 from levanter_mars.infra.preflight.topology import GiB, abstract_devices, tpu_target
 from levanter_mars.infra.slices import slice_type
+from tests.helpers.preflight import REPO, last_json, run_preflight
 
-REPO = Path(__file__).resolve().parents[1]
 SMALL_MARS = "config/gpt2_small_mars.yaml"
-
-
-def run_preflight(*args: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
-    environ.pop("JAX_COMPILATION_CACHE_DIR", None)  # TPU executables are not for this machine's cache
-    return subprocess.run(
-        [sys.executable, "-m", "levanter_mars.main.preflight", *args],
-        cwd=REPO, env=environ, capture_output=True, text=True, timeout=timeout,
-    )
-
-
-def last_json(proc: subprocess.CompletedProcess) -> dict:
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 # ------------------------------------------------------------------------------------------------ topology mapping
@@ -55,6 +40,19 @@ def test_slice_maps_to_the_published_topology(name):
     assert (target.topology, target.chips) == PUBLISHED[name]
     # The name counts TensorCores on v4/v5p (2 per chip) and chips on v5e/v6e.
     assert int(name.split("-")[1]) == (target.chips * 2 if name.startswith(("v4", "v5p")) else target.chips)
+
+
+@pytest.mark.parametrize("name", [c.name for c in TPU_CONFIGS])
+def test_every_launcher_slice_name_counts_cores_on_v4_v5p_and_chips_on_v5e_v6e(name):
+    target = tpu_target(slice_type(name))
+    counted = int(name.split("-")[1])
+    if name.startswith(("v4-", "v5p-")):
+        assert (counted, target.cores_per_chip, target.megacore) == (2 * target.chips, 2, True)
+    else:
+        assert (counted, target.cores_per_chip, target.megacore) == (target.chips, 1, False)
+    dims = [int(d) for d in target.topology.split(":")[1].split("x")]
+    assert target.devices == target.chips == int(np.prod(dims))
+    assert target.hbm_bytes_per_chip == {"v4": 32, "v5litepod": 16, "v5p": 95, "v6e": 32}[name.split("-")[0]] * GiB
 
 
 @pytest.mark.parametrize("name", [c.name for c in TPU_CONFIGS if c.chip_count <= 64])

@@ -248,8 +248,9 @@ DEFECTS: tuple[Defect, ...] = (
     Defect(
         32,
         LEVANTER,
-        "Trainer keeps its jitted train step private (_jit_train_step_fn); pre-flight lowers that very program for a "
-        "TPU topology",
+        "Trainer keeps its jitted train step private (_jit_train_step_fn), and the eval loss's running state "
+        "(levanter.eval._EvalRunningMeans, built only inside TaggedEvaluator.evaluate); pre-flight lowers those very "
+        "programs for a TPU topology (the state's half: compat.levanter_training.eval_loss_running_state)",
         "compat.levanter_training.jitted_train_step",
         _COMPAT + "test_defect_32_the_jitted_train_step_has_no_public_handle",
     ),

@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 
 import haliax as hax
 import jax
+import jax.numpy as jnp
 from levanter.callbacks import Callback, LambdaCallback
 from levanter.checkpoint import Checkpointer
 from levanter.metrics import unwrap_metrics
@@ -143,6 +144,14 @@ class FixedTrainer(Trainer):
         train_metrics = {f"train/{k}": v for k, v in plain_metrics.items()}
         result = TrainStepResult(loss=loss, new_state=new_state, loss_metrics=train_metrics, hook_infos=hook_infos)
         return hax.shard_with_axis_mapping(result, self.parameter_axis_mapping)
+
+
+def eval_loss_running_state(Tag: hax.Axis):
+    """Defect 32. The eval loss's running state (``levanter.eval._EvalRunningMeans``, zeros, replicated) as
+    ``TaggedEvaluator.evaluate`` starts it: its jitted step takes it, and Levanter keeps the class private."""
+    from levanter.eval import _EvalRunningMeans
+
+    return hax.shard(_EvalRunningMeans.zeros_like(jnp.zeros(()), hax.zeros(Tag, dtype=jnp.float32)))
 
 
 def jitted_train_step(trainer: Trainer):

@@ -111,6 +111,13 @@ def score_rows(model, rows: ScoringRows, mp=None) -> tuple[hax.NamedArray, hax.N
     return hax.named(jnp.where(scored.array, token_ll, 0.0), axes), hax.named(greedy | ~scored.array, axes)
 
 
+def scoring_program(axis_resources, mp=None):
+    """The jitted program that scores one batch of rows (``(model, rows) -> score_rows``), as the harness workers
+    run it (pre-flight compiles the same one): outputs unsharded, as Levanter's worker protocol wants them."""
+    return hax.named_jit(lambda model, rows: score_rows(model, rows, mp), axis_resources=axis_resources,
+                         out_axis_resources={})
+
+
 def empty_rows(Batch: hax.Axis, Pos: hax.Axis) -> ScoringRows:
     zeros = hax.zeros((Batch, Pos), dtype=jnp.int32)
     return ScoringRows(tokens=zeros, targets=zeros - 1, segment_ids=zeros - 1)
@@ -166,10 +173,7 @@ def score_as_lm_eval(max_per_row: Optional[int] = None) -> Iterator[None]:
     def __init__(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
         self._dummy_batch = hax.shard(empty_rows(self.EvalBatch, self.EvalPos), {})
-        self._jit_loglikelihood = hax.named_jit(
-            lambda model, rows: score_rows(model, rows, self.mp),
-            axis_resources=self.axis_resources, out_axis_resources={},
-        )
+        self._jit_loglikelihood = scoring_program(self.axis_resources, self.mp)
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False):
         return loglikelihood_tokens(self, requests, disable_tqdm, max_per_row)

@@ -27,13 +27,35 @@ HOST_TASK_CPUS = 8
 HOST_TASK_MEMORY_BYTES = 20 * 10**9
 
 
-# The TPU VM software image (gcloud --runtime-version / node_config.runtimeVersion) for JAX, per generation.
-RUNTIME_VERSIONS = {
-    "v4": "tpu-ubuntu2204-base",
-    "v5litepod": "v2-alpha-tpuv5-lite",
-    "v5p": "v2-alpha-tpuv5",
-    "v6e": "v2-alpha-tpuv6e",
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What a TPU generation is, for the launcher and for pre-flight: one row per generation, nowhere else."""
+
+    compiler_name: str
+    """The prefix of the TPU compiler's topology names (``v5e:4x4``)."""
+    cores_per_chip: int
+    """TensorCores per chip: slice names count them on v4/v5p (v4-32 is 16 chips), chips on v5e/v6e."""
+    megacore: bool
+    """JAX on a pod runs a chip's cores as one device (one JAX device per chip)."""
+    hbm_bytes_per_chip: int
+    runtime_version: str
+    """The TPU VM software image for JAX (gcloud --runtime-version / node_config.runtimeVersion)."""
+
+
+#: Per slice-name prefix. HBM and cores per chip: Google Cloud TPU documentation, "TPU versions" and the per-version
+#: system architecture pages (cloud.google.com/tpu/docs/v4, /v5e, /v5p, /v6e), checked 2026-12: v4 32 GiB and 2
+#: TensorCores (megacore), v5e 16 GiB and 1, v5p 95 GiB and 2 (megacore), v6e (Trillium) 32 GiB and 1. Runtime
+#: versions: the same docs' "TPU software versions" page.
+GENERATIONS = {
+    "v4": Generation("v4", 2, True, 32 * GiB, "tpu-ubuntu2204-base"),
+    "v5litepod": Generation("v5e", 1, False, 16 * GiB, "v2-alpha-tpuv5-lite"),
+    "v5p": Generation("v5p", 2, True, 95 * GiB, "v2-alpha-tpuv5"),
+    "v6e": Generation("v6e", 1, False, 32 * GiB, "v2-alpha-tpuv6e"),
 }
+RUNTIME_VERSIONS = {name: g.runtime_version for name, g in GENERATIONS.items()}
 
 
 def head_resource(tpu_type: str) -> str:
@@ -64,7 +86,7 @@ class SliceType:
 
     @property
     def runtime_version(self) -> str:
-        return RUNTIME_VERSIONS[self.generation]
+        return GENERATIONS[self.generation].runtime_version
 
     def host_resources(self) -> dict[str, float]:
         """What each host's training task asks Ray for."""
@@ -123,9 +145,21 @@ def slice_type(name: str) -> SliceType:
     except ValueError:
         known = ", ".join(c.name for c in TPU_CONFIGS)
         raise LaunchError(f"--tpu_type: unknown slice type {name!r}; known: {LOCAL_SLICE}, {known}") from None
-    if name.split("-")[0] not in RUNTIME_VERSIONS:
-        raise LaunchError(f"--tpu_type {name!r}: no TPU runtime version known for it ({sorted(RUNTIME_VERSIONS)})")
+    if name.split("-")[0] not in GENERATIONS:
+        raise LaunchError(f"--tpu_type {name!r}: no TPU generation known for it ({sorted(GENERATIONS)})")
     return SliceType(name, hosts=config.vm_count, chips_per_host=config.chips_per_vm, devices=config.chip_count)
+
+
+def neighbour_slice(tpu_type: str, larger: bool) -> str | None:
+    """The next larger (or smaller) slice of the same generation in the launcher's table, by chips."""
+    generation = tpu_type.split("-")[0]
+    chips = get_tpu_config(tpu_type).chip_count
+    same = sorted((c.chip_count, c.name) for c in TPU_CONFIGS if c.name.split("-")[0] == generation)
+    if larger:
+        candidates = [name for n, name in same if n > chips]
+    else:
+        candidates = [name for n, name in reversed(same) if n < chips]
+    return candidates[0] if candidates else None
 
 
 @dataclass(frozen=True)

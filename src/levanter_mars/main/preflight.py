@@ -13,6 +13,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from typing import Optional, Sequence
 
 # The TPU compiler is driven from a CPU-only process: JAX itself must not look for accelerators.
@@ -51,9 +52,12 @@ def check(config, devices: int) -> None:
 
 def preflight(config_path: str, tpu_type: str, num_slices: int = 1, overrides: Sequence[str] = ()) -> Verdict:
     """Raises ConfigError/LaunchError (bad input) or PreflightError (no compiler) before compiling anything."""
+    from levanter_mars.infra.preflight.eval_steps import lower_eval_programs
     from levanter_mars.program_config import parse_train_config
     from levanter_mars.infra.preflight.step import compile_program, lower_train_step
 
+    seconds = {}
+    start = time.perf_counter()
     if num_slices < 1:
         raise LaunchError(f"--num_slices must be >= 1, got {num_slices}")
     target = tpu_target(slice_type(tpu_type))
@@ -61,16 +65,32 @@ def preflight(config_path: str, tpu_type: str, num_slices: int = 1, overrides: S
     check(config, target.devices * num_slices)
     vocab, eos = vocabulary(config.data)
     devices = abstract_devices(target, num_slices)
+    seconds["setup"] = time.perf_counter() - start
     step = lower_train_step(config, devices, num_slices, vocab, eos)
+    seconds["build_and_lower"] = time.perf_counter() - start - sum(seconds.values())
     compiled = compile_program(step.lowered)
+    seconds["compile"] = compiled.compile_seconds
+    eval_steps, eval_skipped = {}, None
+    if compiled.out_of_memory is None and compiled.total_bytes <= target.hbm_bytes_per_chip:
+        eval_start = time.perf_counter()
+        lowered = lower_eval_programs(step, config, eos)
+        eval_steps = {name: compile_program(program) for name, program in lowered.items()}
+        seconds["eval_lower_and_compile"] = time.perf_counter() - eval_start
+    else:
+        eval_skipped = "the train step does not fit (the verdict is already no)"
+    trainer = step.trainer_config
     per_token = config.model.flops_per_token(vocab)
-    tokens = step.trainer_config.train_batch_size * config.model.Pos.size
+    tokens = trainer.train_batch_size * config.model.Pos.size
+    seconds["total"] = time.perf_counter() - start
     return Verdict(
         config_path, target, num_slices, step.parameter_bytes, step.optimizer_state_bytes, compiled,
-        per_device_parallelism=step.trainer_config.per_device_parallelism,
-        train_batch_size=step.trainer_config.train_batch_size, data_axis_size=step.trainer_config.data_axis_size,
-        gradient_checkpointing=getattr(config.model, "gradient_checkpointing", None), eval_steps={},
+        per_device_parallelism=trainer.per_device_parallelism, train_batch_size=trainer.train_batch_size,
+        data_axis_size=trainer.data_axis_size,
+        gradient_checkpointing=getattr(config.model, "gradient_checkpointing", None),
+        eval_steps=eval_steps, per_device_eval_parallelism=trainer.per_device_eval_parallelism,
+        eval_batch_size=trainer.eval_batch_size, eval_skipped=eval_skipped,
         model_flops_per_step=3 * per_token * tokens if per_token is not None else None,
+        seconds={k: round(v, 1) for k, v in seconds.items()},
     )
 
 

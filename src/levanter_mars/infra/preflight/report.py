@@ -6,17 +6,13 @@ import json
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from levanter.infra.ray_tpu import TPU_CONFIGS
-
+from levanter_mars.infra.preflight.eval_steps import EVAL_HARNESS
 from levanter_mars.infra.preflight.step import Compiled
 from levanter_mars.infra.preflight.topology import GiB, TpuTarget
+from levanter_mars.infra.slices import neighbour_slice
 
 
-def next_larger_slice(tpu_type: str) -> Optional[str]:
-    generation = tpu_type.split("-")[0]
-    current = next(c.chip_count for c in TPU_CONFIGS if c.name == tpu_type)
-    larger = sorted((c.chip_count, c.name) for c in TPU_CONFIGS if c.name.startswith(generation + "-"))
-    return next((name for chips, name in larger if chips > current), None)
+TRAIN_STEP = "train_step"
 
 
 @dataclass(frozen=True)
@@ -32,10 +28,17 @@ class Verdict:
     data_axis_size: int
     gradient_checkpointing: Any
     eval_steps: dict
+    """Name -> Compiled, for the in-training eval programs. Each runs between train steps, while the train state is
+    resident: its peak is its own program's plus the optimizer state (its arguments already hold the model)."""
+    per_device_eval_parallelism: int = 0
+    eval_batch_size: int = 0
+    eval_skipped: Optional[str] = None
+    """Why the eval programs were not compiled (the train step alone already decides the verdict)."""
     model_flops_per_step: Optional[float] = None
     """Whole step, all chips: 3 x the model's forward flops per token x tokens, the figure training logs for MFU.
     (The compiler's cost analysis counts a scanned layer stack's loop body once, so it is reported apart.)"""
-    """Name -> Compiled, for the in-training eval programs (each runs on its own, so each must fit alone)."""
+    seconds: Optional[dict] = None
+    """Wall time of each phase of this pre-flight (build, lower, compile, eval)."""
 
     @property
     def hbm(self) -> int:
@@ -43,11 +46,35 @@ class Verdict:
 
     @property
     def programs(self) -> dict:
-        return {"train_step": self.compiled, **self.eval_steps}
+        return {TRAIN_STEP: self.compiled, **self.eval_steps}
+
+    def peak(self, name: str) -> int:
+        """Per chip while the program runs: the train step's own total; an eval program's plus the resident
+        optimizer state."""
+        own = self.programs[name].total_bytes
+        return own if name == TRAIN_STEP else own + self.optimizer_state
+
+    def program_fits(self, name: str) -> bool:
+        return self.programs[name].out_of_memory is None and self.peak(name) <= self.hbm
 
     @property
     def fits(self) -> bool:
-        return all(c.out_of_memory is None and c.total_bytes <= self.hbm for c in self.programs.values())
+        return all(self.program_fits(name) for name in self.programs)
+
+    def _eval_json(self) -> dict:
+        out = {}
+        for name, e in self.eval_steps.items():
+            out[name] = {
+                "per_device_eval_parallelism": self.per_device_eval_parallelism,
+                "eval_batch_size": self.eval_batch_size,
+                "temporaries": e.temp_bytes, "program_total": e.total_bytes,
+                "resident_optimizer_state": self.optimizer_state, "total": self.peak(name),
+                "fits": self.program_fits(name), "compile_seconds": round(e.compile_seconds, 1),
+                "out_of_memory": e.out_of_memory,
+            }
+        if self.eval_skipped:
+            out["skipped"] = self.eval_skipped
+        return out
 
     def to_json(self) -> dict:
         c = self.compiled
@@ -70,13 +97,14 @@ class Verdict:
             "flops_per_step": self.model_flops_per_step,
             "compiler_flops_per_chip": c.flops,
             "compile_seconds": round(c.compile_seconds, 1),
+            "load_average": c.load_average,
             "per_device_parallelism": self.per_device_parallelism,
             "train_batch_size": self.train_batch_size,
             "data_axis_size": self.data_axis_size,
             "out_of_memory": c.out_of_memory,
             "compiler_hbm_bytes": c.capacity_bytes,
-            "eval": {name: {"total": e.total_bytes, "fits": e.out_of_memory is None and e.total_bytes <= self.hbm,
-                            "compile_seconds": round(e.compile_seconds, 1)} for name, e in self.eval_steps.items()},
+            "eval": self._eval_json(),
+            "seconds": self.seconds,
         }
 
     def table(self) -> str:
@@ -101,21 +129,36 @@ class Verdict:
             f"  compile         {c.compile_seconds:.0f} s",
         ]
         for name, e in self.eval_steps.items():
-            lines.append(f"  {name:<15} total {gib(e.total_bytes)} (compile {e.compile_seconds:.0f} s)")
+            temporaries = f"temporary {gib(e.temp_bytes)}, " if e.out_of_memory is None else ""
+            lines.append(
+                f"  {name:<15} {temporaries}total {gib(self.peak(name))} with the optimizer state "
+                f"({self.per_device_eval_parallelism} sequences per chip, compile {e.compile_seconds:.0f} s): "
+                + ("fits" if self.program_fits(name) else "DOES NOT FIT")
+            )
+        if self.eval_skipped:
+            lines.append(f"  eval programs   not compiled: {self.eval_skipped}")
         lines.append("  verdict         " + ("fits" if self.fits else "DOES NOT FIT"))
         return "\n".join(lines)
 
     def refusal(self) -> str:
         """One line naming what to change."""
-        worst_name, worst = max(self.programs.items(), key=lambda kv: kv[1].total_bytes)
-        larger = next_larger_slice(self.target.tpu_type)
-        what = "" if worst_name == "train_step" else f" ({worst_name})"
-        return (
-            f"{self.config_path} does not fit on {self.target.tpu_type}{what}: it needs "
-            f"{worst.total_bytes / GiB:.2f} GiB per chip of {self.hbm / GiB:.0f} GiB HBM. Lower "
-            f"trainer.per_device_parallelism (now {self.per_device_parallelism}; microbatching keeps "
-            f"train_batch_size), set model.gradient_checkpointing (now {self.gradient_checkpointing}), or use a "
-            f"larger --tpu_type{f' ({larger})' if larger else ''}"
+        failing = [name for name in self.programs if not self.program_fits(name)]
+        worst = max(failing, key=self.peak)
+        larger = neighbour_slice(self.target.tpu_type, larger=True)
+        where = "" if worst == TRAIN_STEP else f" ({worst}, between train steps)"
+        needs = (f"{self.config_path} does not fit on {self.target.tpu_type}{where}: it needs "
+                 f"{self.peak(worst) / GiB:.2f} GiB per chip of {self.hbm / GiB:.0f} GiB HBM. ")
+        slice_hint = f"use a larger --tpu_type{f' ({larger})' if larger else ''}"
+        if TRAIN_STEP in failing:
+            return needs + (
+                f"Lower trainer.per_device_parallelism (now {self.per_device_parallelism}; microbatching keeps "
+                f"train_batch_size), set model.gradient_checkpointing (now {self.gradient_checkpointing}), or "
+                + slice_hint
+            )
+        harness = " or eval_harness.max_length" if EVAL_HARNESS in failing else ""
+        return needs + (
+            f"Lower trainer.per_device_eval_parallelism (now {self.per_device_eval_parallelism}; the eval batch is "
+            f"not microbatched){harness}, or {slice_hint}"
         )
 
 

@@ -8,12 +8,14 @@ effects (tracker, checkpoint and log directories) are pointed at a scratch direc
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import re
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import equinox as eqx
 import haliax as hax
@@ -98,6 +100,8 @@ class Compiled:
     """With ``out_of_memory``: what the compiler says the program needs (at least)."""
     capacity_bytes: Optional[int] = None
     """With ``out_of_memory``: the HBM the compiler says one device has for it."""
+    load_average: Optional[float] = None
+    """This machine's 1-minute load average when the compile ended (compile times mean little without it)."""
 
     @property
     def total_bytes(self) -> int:
@@ -140,7 +144,7 @@ def compile_program(lowered: Any) -> Compiled:
             raise
         needed, capacity, line = verdict
         return Compiled(0, 0, 0, 0, None, time.perf_counter() - start, out_of_memory=line, used_bytes=needed,
-                        capacity_bytes=capacity)
+                        capacity_bytes=capacity, load_average=round(os.getloadavg()[0], 1))
     seconds = time.perf_counter() - start
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
@@ -149,6 +153,7 @@ def compile_program(lowered: Any) -> Compiled:
         argument_bytes=int(memory.argument_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
         alias_bytes=int(memory.alias_size_in_bytes), temp_bytes=int(memory.temp_size_in_bytes),
         flops=float(cost["flops"]) if cost and "flops" in cost else None, compile_seconds=seconds,
+        load_average=round(os.getloadavg()[0], 1),
     )
 
 
@@ -171,6 +176,12 @@ class TrainStep:
     state: Any
     batch: Any
     lowered: Any
+    trainer: Any
+    """The trainer that made the step (its mesh and axis mappings serve the eval programs)."""
+
+    @property
+    def mesh(self) -> Mesh:
+        return self.trainer.device_mesh
 
     @property
     def parameter_bytes(self) -> int:
@@ -181,7 +192,7 @@ class TrainStep:
         return shard_bytes(self.state.opt_state)
 
 
-def _with_shardings(shapes: Any, mapping, mesh: Mesh) -> Any:
+def with_shardings(shapes: Any, mapping, mesh: Mesh) -> Any:
     shardings = infer_resource_partitions(shapes, mapping, preserve_existing_shardings=False, mesh=mesh)
 
     def attach(shape, sharding):
@@ -194,6 +205,26 @@ def _with_shardings(shapes: Any, mapping, mesh: Mesh) -> Any:
     return jax.tree_util.tree_map(attach, shapes, shardings, is_leaf=lambda x: isinstance(x, hax.NamedArray))
 
 
+def causal_examples(Batch: hax.Axis, Pos: hax.Axis, eos_id: Optional[int]):
+    """tokens (Batch x Pos, int32) -> the causal LM examples the data loader gives the step."""
+
+    def examples(tokens):
+        return hax.vmap(lambda t: LmExample.causal(t, eos_id=eos_id), Batch)(hax.named(tokens, (Batch, Pos)))
+
+    return examples
+
+
+@contextlib.contextmanager
+def on_mesh(step_or_trainer) -> Iterator[None]:
+    """What ``with trainer:`` sets, except that the mesh is the legacy ``with mesh:`` context: the trainer's
+    (jax.set_mesh) would send every eager op, haliax's own probes included, to the abstract TPU devices."""
+    trainer = getattr(step_or_trainer, "trainer", step_or_trainer)
+    with levanter.current_tracker(trainer.tracker), trainer.device_mesh, hax.axis_mapping(
+        trainer.parameter_axis_mapping
+    ):
+        yield
+
+
 def lower_train_step(config, devices: list, num_slices: int, vocab_size: int, eos_id: Optional[int]) -> TrainStep:
     """Lowers the training program of ``config`` (a TrainLmConfig) for ``devices``; raises ConfigError naming the
     field when the batch cannot be laid out on them."""
@@ -204,23 +235,19 @@ def lower_train_step(config, devices: list, num_slices: int, vocab_size: int, eo
         trainer.metrics = None  # nothing is logged; its truncation on resume needs a concrete step
         mesh = trainer.device_mesh
         mapping = trainer.parameter_axis_mapping
-        # What ``with trainer:`` sets, except that the mesh is the legacy ``with mesh:`` context: the trainer's
-        # (jax.set_mesh) would send every eager op, haliax's own probes included, to the abstract TPU devices.
-        with levanter.current_tracker(trainer.tracker), mesh, hax.axis_mapping(mapping):
+        with on_mesh(trainer):
             Vocab = vocab_axis(vocab_size, trainer)
             _data_key, _loader_key, model_key, training_key = jrandom.split(jrandom.PRNGKey(trainer_config.seed), 4)
 
             def init():
                 return trainer.initial_state(training_key, model_init=lambda: config.model.build(Vocab, key=model_key))
 
-            state = _with_shardings(eqx.filter_eval_shape(init), mapping, mesh)
+            state = with_shardings(eqx.filter_eval_shape(init), mapping, mesh)
             Batch, Pos = trainer_config.TrainBatch, config.model.Pos
 
-            def example(tokens):
-                return hax.vmap(lambda t: LmExample.causal(t, eos_id=eos_id), Batch)(hax.named(tokens, (Batch, Pos)))
-
             tokens = jax.ShapeDtypeStruct((Batch.size, Pos.size), jnp.int32)
-            batch = _with_shardings(eqx.filter_eval_shape(example, tokens), trainer.compute_axis_mapping, mesh)
+            batch = with_shardings(eqx.filter_eval_shape(causal_examples(Batch, Pos, eos_id), tokens),
+                                   trainer.compute_axis_mapping, mesh)
             step = jitted_train_step(trainer)
             lowered = jax.jit(lambda s, b: step(s, (b,), {}), donate_argnums=0).lower(state, batch)
-    return TrainStep(trainer_config, state, batch, lowered)
+    return TrainStep(trainer_config, state, batch, lowered, trainer)

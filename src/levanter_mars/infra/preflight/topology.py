@@ -11,26 +11,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from levanter_mars.infra.slices import SliceType
+from levanter_mars.infra.slices import GENERATIONS, GiB, SliceType  # noqa: F401 - GiB is re-exported
 
 
 class PreflightError(ValueError):
     """Pre-flight cannot run (no TPU compiler, a slice it cannot model): the message says why."""
 
-
-#: HBM per chip, bytes. Source: Google Cloud TPU documentation, "TPU versions" / system architecture pages
-#: (cloud.google.com/tpu/docs/v4, /v5e, /v5p, /v6e), checked 2026-12: v4 32 GiB, v5e 16 GiB, v5p 95 GiB,
-#: v6e (Trillium) 32 GiB.
-GiB = 1024**3
-HBM_BYTES_PER_CHIP = {"v4": 32 * GiB, "v5litepod": 16 * GiB, "v5p": 95 * GiB, "v6e": 32 * GiB}
-
-#: Per generation: the topology name's prefix, TensorCores per chip, and whether JAX runs a chip as one device.
-_GENERATIONS = {
-    "v4": ("v4", 2, True),
-    "v5p": ("v5p", 2, True),
-    "v5litepod": ("v5e", 1, False),
-    "v6e": ("v6e", 1, False),
-}
 
 #: Torus shapes that the doubling rule below does not produce (Google Cloud's v5p table).
 _IRREGULAR_3D = {6144: (16, 16, 24)}
@@ -79,7 +65,7 @@ class TpuTarget:
 
     @property
     def hbm_bytes_per_chip(self) -> int:
-        return HBM_BYTES_PER_CHIP[self.generation]
+        return GENERATIONS[self.generation].hbm_bytes_per_chip
 
     @property
     def chips_per_host(self) -> int:
@@ -97,9 +83,10 @@ def tpu_target(kind: SliceType) -> TpuTarget:
     """The compiler's view of a launcher slice (``slices.slice_type(name)``)."""
     if kind.is_local:
         raise PreflightError("--tpu_type cpu is the local engine: pre-flight compiles for a TPU slice type")
-    if kind.generation not in _GENERATIONS:
+    if kind.generation not in GENERATIONS:
         raise PreflightError(f"--tpu_type {kind.name!r}: no TPU compiler target known for {kind.generation}")
-    prefix, cores, megacore = _GENERATIONS[kind.generation]
+    generation = GENERATIONS[kind.generation]
+    prefix, cores, megacore = generation.compiler_name, generation.cores_per_chip, generation.megacore
     # Levanter's table counts chips (``chip_count``) whatever the name counts.
     chips = kind.devices
     shape = _shape_3d(chips) if cores == 2 else _shape_2d(chips)

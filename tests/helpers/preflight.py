@@ -22,3 +22,11 @@ def run_preflight(*args: str, env: dict | None = None, timeout: float = 900) -> 
 
 def last_json(proc: subprocess.CompletedProcess) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def refusal_line(proc: subprocess.CompletedProcess) -> str:
+    """The one ``does not fit:`` line of a pre-flight that refused a config (exit 2)."""
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    said = [line for line in proc.stderr.splitlines() if line.startswith("does not fit:")]
+    assert len(said) == 1, proc.stderr[-3000:]
+    return said[0]

@@ -45,7 +45,7 @@ from levanter_mars.optim.mars_family import (
     mars_family_step,
 )
 from levanter_mars.optim.tensor_roles import TensorRole, map_roles, tensor_roles
-from levanter_mars.optim.update_rules import mars_adam_direction, orthogonalize, shampoo_scale
+from levanter_mars.optim.update_rules import adam_moments, mars_adam_direction, orthogonalize, shampoo_scale
 
 MARS_LABEL = "mars"
 ADAMW_1D_LABEL = "adamw_1d"
@@ -135,9 +135,7 @@ def scale_by_mars(
             return direction, m, v, ordered_on_cpu(clip, m, v) * g
 
         def adamw_1d_layer(layout, g, m, v, g_prev):
-            g = clip * g
-            m = b1_1d * m + (1 - b1_1d) * g
-            v = b2_1d * v + (1 - b2_1d) * g**2
+            m, v = adam_moments(clip * g, m, v, b1_1d, b2_1d)
             return mars_adam_direction(m, v, t, b1_1d, b2_1d, eps), m, v, None
 
         def update_for(role: TensorRole):

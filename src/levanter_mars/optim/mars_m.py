@@ -37,7 +37,7 @@ from levanter_mars.optim.mars_family import (
     mars_family_step,
 )
 from levanter_mars.optim.tensor_roles import TensorKind, TensorRole, is_role, map_roles, tensor_roles
-from levanter_mars.optim.update_rules import mars_m_adam_direction, moonlight_scale, orthogonalize
+from levanter_mars.optim.update_rules import adam_moments, mars_m_adam_direction, moonlight_scale, orthogonalize
 
 #: Axis names of an output vocabulary; an ``Embedding``'s ``Vocab`` axes count too.
 VOCAB_AXIS_NAMES = frozenset({"vocab"})
@@ -138,9 +138,7 @@ def scale_by_mars_m(
             return moonlight_scale(layout) * orthogonalize(gamma_t * g + b1 * m, layout, ns_steps), m, v, None
 
         def adamw_layer(layout, g, m, v, g_prev):
-            g = clip * g
-            m = b1_adamw * m + (1 - b1_adamw) * g
-            v = b2_adamw * v + (1 - b2_adamw) * g**2
+            m, v = adam_moments(clip * g, m, v, b1_adamw, b2_adamw)
             return mars_m_adam_direction(m, v, t, b1_adamw, b2_adamw, eps), m, v, None
 
         def update_for(role: TensorRole):

@@ -13,6 +13,12 @@ from levanter_mars.optim.newton_schulz import newton_schulz5
 from levanter_mars.optim.tensor_roles import TensorRole
 
 
+def adam_moments(g: jax.Array, m: jax.Array, v: jax.Array, b1: float, b2: float) -> tuple[jax.Array, jax.Array]:
+    """Adam's moments of the (globally clipped) gradient: the 1-D AdamW branch of MARS and of MARS-M, whose step
+    directions differ (below)."""
+    return b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g**2
+
+
 def mars_adam_direction(m: jax.Array, v: jax.Array, t: jax.Array, b1: float, b2: float, eps: float) -> jax.Array:
     """MARS's Adam step, eps added *after* the second-moment bias correction: m / ((sqrt(v/bc2) + eps) * bc1)."""
     bias_correction1 = 1.0 - jnp.power(b1, t)

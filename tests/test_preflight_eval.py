@@ -61,7 +61,7 @@ def test_an_eval_batch_that_cannot_fit_exits_2_naming_the_eval_field(eval_refusa
     report = last_json(eval_refusal)
     assert report["per_chip"]["total"] <= report["hbm_bytes_per_chip"]
     assert report["fits"] is False and report["eval"]["eval_loss"]["fits"] is False
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in eval_refusal.stderr
 
 
 def test_a_config_without_eval_data_compiles_no_eval_program():

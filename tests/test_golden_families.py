@@ -98,6 +98,7 @@ def test_block_matches_the_official_optimizer_on_its_torch_view(name):
     print(name, f"max error {max(worst.values()):.2e}")
 
 
+@pytest.mark.slow  # runs the MoE reference twice per optimizer (~10 s)
 @pytest.mark.parametrize("name", ["mixtral_moe_mars_adamw", "mixtral_moe_mars_m"])
 def test_experts_as_vectors_fail_the_reference(name, monkeypatch):
     """Guards the test above: with the experts on the 1-D branch (the old roles), the experts are far off."""

@@ -143,6 +143,7 @@ def test_weight_decay_routing_matches_reference():
     check(updates.transformer.ln_f.weight, params.transformer.ln_f.weight, lr_1d * wd_1d)
 
 
+@pytest.mark.slow  # compiles the exact objective for each variant (~20 s together)
 @pytest.mark.parametrize("cls", [MarsAdamWConfig, MarsLionConfig, MarsShampooConfig])
 def test_exact_config_uses_the_objective(cls):
     params = _gpt2_params()

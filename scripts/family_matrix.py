@@ -25,6 +25,7 @@ import os
 import shutil
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 import yaml
@@ -94,7 +95,7 @@ def run_one(workdir: Path, corpus: Path, family: str, optimizer: str, steps: int
         "family": family, "optimizer": optimizer, "rc": proc.returncode, "steps": len(train),
         "train_first": train.get(0), "train_last": train.get(max(train)) if train else None,
         "eval_first": evals.get(min(evals)) if evals else None, "eval_last": evals.get(max(evals)) if evals else None,
-        "hf_export": any(hf_dir.rglob("config.json")), "wall_s": round(wall, 1),
+        "hf_export": any(hf_dir.rglob("config.json")), "wall_s": round(wall, 1), "jax": version("jax"),
     }
     if proc.returncode != 0:
         row["error"] = _error(proc)
@@ -125,6 +126,7 @@ def check_one(workdir: Path, corpus: Path, family: str, steps: int) -> dict:
     row["train_bitwise"] = bool(train) and len(train) == steps and train == ref_train
     row["eval_bitwise"] = bool(evals) and evals == ref_evals
     row["wall_s"] = round(time.time() - start, 1)
+    row["jax"] = version("jax")
     failed = next((p for p in (ref, resumed) if p.returncode != 0), None)
     if failed is not None:
         row["error"] = _error(failed)
@@ -166,27 +168,27 @@ def _fmt(x) -> str:
 def matrix_line(r: dict) -> str:
     return (f"| {r['family']} | {r['optimizer']} | {r['rc']} | {r['steps']} | {_fmt(r['train_first'])} -> "
             f"{_fmt(r['train_last'])} | {_fmt(r['eval_first'])} -> {_fmt(r['eval_last'])} | "
-            f"{'yes' if r['hf_export'] else 'no'} | {r['wall_s']:.0f} |")
+            f"{'yes' if r['hf_export'] else 'no'} | {r['wall_s']:.0f} | {r['jax']} |")
 
 
 def check_line(r: dict) -> str:
     acc = "-" if r["harness_acc"] is None else f"{r['harness_acc']:.3f} (step {r['harness_step']})"
     return (f"| {r['family']} | {r['optimizer']} | {acc} | {r['killed_rc']} after {r['killed_steps']} steps | "
             f"{r['resumed_from'] or 'no'} | {'yes' if r['train_bitwise'] else 'NO'} | "
-            f"{'yes' if r['eval_bitwise'] else 'NO'} | {r['wall_s']:.0f} |")
+            f"{'yes' if r['eval_bitwise'] else 'NO'} | {r['wall_s']:.0f} | {r['jax']} |")
 
 
-MATRIX_HEADER = ("| family | optimizer | exit | steps | train loss first -> last | eval loss first -> last | HF export | s |\n"
-                 "|---|---|---|---|---|---|---|---|")
+MATRIX_HEADER = ("| family | optimizer | exit | steps | train loss first -> last | eval loss first -> last | HF export | s "
+                 "| jax |\n|---|---|---|---|---|---|---|---|---|")
 CHECK_HEADER = ("| family | optimizer | harness acc (pydocs_mc) | kill -9 | resumed from | train losses bitwise "
-                "| eval losses bitwise | s |\n|---|---|---|---|---|---|---|---|")
+                "| eval losses bitwise | s | jax |\n|---|---|---|---|---|---|---|---|---|")
 
 
 def render(record: dict) -> str:
     """The generated part of docs/model_families.md, from docs/benchmarks/family_matrix.json."""
     ran = {(r["family"], r["optimizer"]): matrix_line(r) for r in record["matrix"]}
     checked = {r["family"]: check_line(r) for r in record["checks"]}
-    not_run = " not run in this record | | | | | |"
+    not_run = " not run in this record | | | | | | |"
     matrix = "\n".join(ran.get((f, o), f"| {f} | {o} |{not_run}") for f in FAMILIES for o in OPTIMIZERS)
     checks = "\n".join(checked.get(f, f"| {f} | {CHECK_OPTIMIZER} |{not_run}") for f in FAMILIES)
     return f"{MATRIX_HEADER}\n{matrix}\n\nPer family, {CHECK_OPTIMIZER}:\n\n{CHECK_HEADER}\n{checks}"

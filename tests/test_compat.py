@@ -893,3 +893,42 @@ def test_defect_34_mixtral_loss_cannot_be_differentiated_and_the_workaround_can(
             grad_of(compute_next_token_loss)
         grads = grad_of(levanter_models.differentiable_loss(compute_next_token_loss))
     assert all(bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads))
+
+
+def test_defect_35_the_data_loader_mesh_has_explicit_axes_and_the_workaround_stacks_batches(monkeypatch):
+    from jax.sharding import AxisType
+    from levanter.data.loader import stack_tree
+    from packaging.version import Version
+
+    from levanter_mars.compat import levanter_data_mesh as mesh_fix
+
+    for module in mesh_fix.USERS:  # put back after the test, however it leaves them
+        monkeypatch.setattr(module, "local_cpu_mesh", module.local_cpu_mesh)
+    cpu = jax.local_devices(backend="cpu")[0]
+    names = ("replica", "data", "model")
+    # A batch element as the trainer's context makes it: under a mesh of the same names with Auto axes.
+    with hax.partitioning.set_mesh(jax.make_mesh((1, 1, 1), names, devices=[cpu], axis_types=(AxisType.Auto,) * 3)):
+        example = jax.jit(lambda a: a + 1)(hax.named(jnp.arange(4), "position"))
+
+    def stacked_under(local_cpu_mesh):
+        with local_cpu_mesh() as mesh:
+            try:
+                return mesh, stack_tree("batch", [example, example])
+            except ValueError as error:  # jax >= 0.10
+                return mesh, error
+
+    mesh, upstream = stacked_under(mesh_fix.UPSTREAM)
+    assert Version(jax.__version__) >= Version("0.9")  # the lock's; on 0.7 make_mesh made Auto axes
+    assert set(mesh.axis_types) == {AxisType.Explicit}
+    # On 0.9 the loader's elements do not carry the trainer's mesh, so training runs; on 0.10 they do, and it stops.
+    assert isinstance(upstream, ValueError) and "should match the aval mesh" in str(upstream), upstream
+    mesh_fix.auto_axes_data_mesh()
+    mesh_fix.auto_axes_data_mesh()  # idempotent
+    import levanter.data.loader
+
+    mesh, ours = stacked_under(levanter.data.loader.local_cpu_mesh)  # the name the loader looks up
+    assert set(mesh.axis_types) == {AxisType.Auto} and list(mesh.devices.flat) == [cpu]
+    assert mesh.axis_names == names
+    assert not isinstance(ours, Exception), ours
+    assert ours.axes == (hax.Axis("batch", 2), hax.Axis("position", 4))
+    assert (ours.array == jnp.stack([example.array] * 2)).all()

@@ -271,4 +271,13 @@ DEFECTS: tuple[Defect, ...] = (
         "compat.levanter_models.differentiable_loss",
         _COMPAT + "test_defect_34_mixtral_loss_cannot_be_differentiated_and_the_workaround_can",
     ),
+    Defect(
+        35,
+        LEVANTER,
+        "the data loader stacks each batch under a one-CPU mesh made by jax.make_mesh without axis_types (Explicit "
+        "axes from jax 0.9): stacking elements that carry the trainer's Auto mesh fails, which on jax 0.10 every "
+        "batch does",
+        "compat.levanter_data_mesh.auto_axes_data_mesh",
+        _COMPAT + "test_defect_35_the_data_loader_mesh_has_explicit_axes_and_the_workaround_stacks_batches",
+    ),
 )

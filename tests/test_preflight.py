@@ -94,6 +94,10 @@ def test_small_mars_on_v4_32_fits_with_figures(small_mars_on_v4_32):
     # Forward and backward of 480 x 1024 tokens of a 124M-parameter model: about 6 N T, attention adding some.
     assert 6 * 124e6 * 480 * 1024 <= report["flops_per_step"] <= 1.5 * 6 * 124e6 * 480 * 1024
     assert report["compiler_flops_per_chip"] > 0
+    # The record names the compiler that produced it: the installed jax and libtpu, as pip reports them.
+    from importlib.metadata import version
+
+    assert report["compiler"] == {"jax": version("jax"), "libtpu": version("libtpu")}
     assert "verdict         fits" in proc.stdout
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Optional
 
 from levanter_mars.infra.preflight.eval_steps import EVAL_HARNESS
@@ -13,6 +14,18 @@ from levanter_mars.infra.slices import neighbour_slice
 
 
 TRAIN_STEP = "train_step"
+
+
+def compiler_versions() -> dict:
+    """Which TPU compiler produced the figures: they move with libtpu (and jax's lowering), so records carry it."""
+
+    def installed(package: str) -> Optional[str]:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return None
+
+    return {"jax": installed("jax"), "libtpu": installed("libtpu")}
 
 
 @dataclass(frozen=True)
@@ -105,6 +118,7 @@ class Verdict:
             "compiler_hbm_bytes": c.capacity_bytes,
             "eval": self._eval_json(),
             "seconds": self.seconds,
+            "compiler": compiler_versions(),
         }
 
     def table(self) -> str:

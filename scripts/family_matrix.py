@@ -178,8 +178,8 @@ def check_line(r: dict) -> str:
             f"{'yes' if r['eval_bitwise'] else 'NO'} | {r['wall_s']:.0f} | {r['jax']} |")
 
 
-MATRIX_HEADER = ("| family | optimizer | exit | steps | train loss first -> last | eval loss first -> last | HF export | s "
-                 "| jax |\n|---|---|---|---|---|---|---|---|---|")
+MATRIX_HEADER = ("| family | optimizer | exit | steps | train loss first -> last | eval loss first -> last "
+                 "| HF export | s | jax |\n|---|---|---|---|---|---|---|---|---|")
 CHECK_HEADER = ("| family | optimizer | harness acc (pydocs_mc) | kill -9 | resumed from | train losses bitwise "
                 "| eval losses bitwise | s | jax |\n|---|---|---|---|---|---|---|---|---|")
 

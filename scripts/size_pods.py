@@ -5,8 +5,9 @@
                                                               # pre-flight comment lines
 
 Cases: every shipped GPT-2 config on the slice its comment names (``--tpu_type`` in its Launch line) and on the next
-smaller slice of that generation; every config of the Llama ladder on the slice it names. ``--search`` also confirms the largest ``trainer.per_device_parallelism`` that
-fits on each (predicted from the compiled figures, then compiled there and at the next valid value above). Each
+smaller slice of that generation; every config of the Llama ladder on the slice it names. ``--search`` also confirms
+the largest ``trainer.per_device_parallelism`` that fits on each (predicted from the compiled figures, then compiled
+there and at the next valid value above). Each
 case is one pre-flight subprocess (``python -m levanter_mars.main.preflight --json``) whose last stdout line is
 stored as docs/pods/<case>.json (with the command's wall time added).
 """
@@ -179,7 +180,8 @@ def eval_cell(result: dict) -> str:
 
 def table() -> str:
     rows = ["| config | slice | topology | chips | pdp | params+opt GiB/chip | temp GiB/chip | total GiB/chip "
-            "| HBM GiB | fits | eval loss GiB/chip | largest pdp that fits | compile s (load) | pre-flight s | libtpu |",
+            "| HBM GiB | fits | eval loss GiB/chip | largest pdp that fits | compile s (load) | pre-flight s "
+            "| libtpu |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for config in configs():
         for tpu_type in slices(config):

@@ -454,10 +454,18 @@ def test_defect_24_haliax_calls_a_jax_name_newer_jax_removed_and_the_workaround_
     from levanter_mars.compat import newer_jax
 
     assert "jax.core.is_constant_dim" in inspect.getsource(haliax.jax_utils)
-    original = jax.core.is_constant_dim
+    original = jax.core.is_constant_dim  # the pinned jax has it (a deprecated alias since 0.10)
     newer_jax.restore_jax_names_haliax_uses()
-    assert jax.core.is_constant_dim is original  # the pinned jax has it: nothing changes
-    monkeypatch.delattr(jax.core, "is_constant_dim")  # as in jax 0.11
+    assert jax.core.is_constant_dim is original  # nothing changes
+
+    def no_such_name(name):
+        raise AttributeError(f"module 'jax.core' has no attribute {name!r}")
+
+    # As in jax 0.11: neither an attribute nor a deprecated alias (served by the module's __getattr__ on 0.10).
+    monkeypatch.setattr(jax.core, "is_constant_dim", None, raising=False)  # undone last: the module as it was
+    monkeypatch.delattr(jax.core, "is_constant_dim")
+    monkeypatch.setattr(jax.core, "__getattr__", no_such_name, raising=False)
+    assert not hasattr(jax.core, "is_constant_dim")
     newer_jax.restore_jax_names_haliax_uses()
     assert jax.core.is_constant_dim(3) and not jax.core.is_constant_dim(object())
 

@@ -1,8 +1,9 @@
 """35. Levanter's data loader assembles each batch under ``local_cpu_mesh()``, a one-CPU mesh built with
-``jax.make_mesh`` and no ``axis_types``: ``Auto`` axes on jax 0.7, ``Explicit`` from 0.9. ``hax.stack`` of elements that
-carry the trainer's mesh (same names, ``Auto`` axes) then fails: "context mesh ... should match the aval mesh". On
-jax 0.9 the loader's elements carry no mesh; on 0.10 they do, and no step trains. :func:`auto_axes_data_mesh` gives
-the loader the mesh it was written for: the same device and names, with ``Auto`` axes."""
+``jax.make_mesh`` and no ``axis_types``: ``Auto`` axes on jax 0.7, ``Explicit`` from 0.9. ``hax.stack`` of
+elements that carry the trainer's mesh (same names, ``Auto`` axes) then fails: "context mesh ... should match the
+aval mesh". On jax 0.9 the loader's elements carry no mesh; on 0.10 they do, and no step trains.
+:func:`auto_axes_data_mesh` gives the loader the mesh it was written for: the same device and names, with ``Auto``
+axes."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ UPSTREAM = levanter_jax_utils.local_cpu_mesh
 
 @contextlib.contextmanager
 def local_cpu_mesh():
-    """Levanter's ``local_cpu_mesh`` with its axis types stated, as jax 0.9's default made them."""
+    """Levanter's ``local_cpu_mesh`` with its axis types stated: ``Auto``, jax 0.7's default."""
     axes = (ResourceAxis.REPLICA, ResourceAxis.DATA, ResourceAxis.MODEL)
     with levanter_jax_utils.use_cpu_device() as cpu:
         mesh = jax.make_mesh((1, 1, 1), axes, devices=[cpu], axis_types=(AxisType.Auto,) * len(axes))

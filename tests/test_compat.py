@@ -18,6 +18,7 @@ import pytest
 from levanter.callbacks import LambdaCallback
 
 from levanter_mars.compat import cli, jax_distributed, levanter_infra, levanter_models, levanter_training, lm_eval_harness
+from tests.helpers.pod import run_helper_processes
 
 
 class _Info:
@@ -234,20 +235,7 @@ def test_defect_12_workaround_evaluates_each_step_once(monkeypatch, tmp_path):
 
 @pytest.mark.multidevice
 def test_defect_13_eval_harness_fails_on_a_multi_device_mesh_and_the_workaround_places_the_batch():
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ)
-    pythonpath = os.pathsep.join([str(REPO_ROOT / "src"), str(REPO_ROOT)])
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu", PYTHONPATH=pythonpath)
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.helpers.multidevice_eval_dispatch"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    (result,) = run_helper_processes("tests.helpers.multidevice_eval_dispatch", devices=2, timeout=600)
     assert "incompatible devices" in result["without"], result
     assert result["with"]["finite"] and result["with"]["segments"].count(0) == 2, result
 
@@ -425,24 +413,7 @@ def test_defect_20_workaround_scores_each_request_alone_and_truncates_as_lm_eval
 
 @pytest.mark.multidevice
 def test_defect_22_eval_broadcasts_fail_across_processes_under_set_mesh_and_the_workaround_delivers_them():
-    import subprocess
-    import sys
-
-    from tests.helpers.pod import free_port
-
-    env = dict(os.environ)
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "src"), str(REPO_ROOT)]))
-    port = free_port()
-    procs = [
-        subprocess.Popen([sys.executable, "-m", "tests.helpers.multiprocess_broadcast", str(port), str(i)],
-                         cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(2)
-    ]
-    outputs = [proc.communicate(timeout=300) for proc in procs]
-    for proc, (out, err) in zip(procs, outputs):
-        assert proc.returncode == 0, err[-3000:]
-        result = json.loads(out.strip().splitlines()[-1])
+    for result in run_helper_processes("tests.helpers.multiprocess_broadcast", num_processes=2, devices=2):
         assert "fully addressable" in result["without"], result
         assert result["with"] == "7", result
 
@@ -901,42 +872,3 @@ def test_defect_34_mixtral_loss_cannot_be_differentiated_and_the_workaround_can(
             grad_of(compute_next_token_loss)
         grads = grad_of(levanter_models.differentiable_loss(compute_next_token_loss))
     assert all(bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads))
-
-
-def test_defect_35_the_data_loader_mesh_has_explicit_axes_and_the_workaround_stacks_batches(monkeypatch):
-    from jax.sharding import AxisType
-    from levanter.data.loader import stack_tree
-    from packaging.version import Version
-
-    from levanter_mars.compat import levanter_data_mesh as mesh_fix
-
-    for module in mesh_fix.USERS:  # put back after the test, however it leaves them
-        monkeypatch.setattr(module, "local_cpu_mesh", module.local_cpu_mesh)
-    cpu = jax.local_devices(backend="cpu")[0]
-    names = ("replica", "data", "model")
-    # A batch element as the trainer's context makes it: under a mesh of the same names with Auto axes.
-    with hax.partitioning.set_mesh(jax.make_mesh((1, 1, 1), names, devices=[cpu], axis_types=(AxisType.Auto,) * 3)):
-        example = jax.jit(lambda a: a + 1)(hax.named(jnp.arange(4), "position"))
-
-    def stacked_under(local_cpu_mesh):
-        with local_cpu_mesh() as mesh:
-            try:
-                return mesh, stack_tree("batch", [example, example])
-            except ValueError as error:  # jax >= 0.10
-                return mesh, error
-
-    mesh, upstream = stacked_under(mesh_fix.UPSTREAM)
-    assert Version(jax.__version__) >= Version("0.9")  # the lock's; on 0.7 make_mesh made Auto axes
-    assert set(mesh.axis_types) == {AxisType.Explicit}
-    # On 0.9 the loader's elements do not carry the trainer's mesh, so training runs; on 0.10 they do, and it stops.
-    assert isinstance(upstream, ValueError) and "should match the aval mesh" in str(upstream), upstream
-    mesh_fix.auto_axes_data_mesh()
-    mesh_fix.auto_axes_data_mesh()  # idempotent
-    import levanter.data.loader
-
-    mesh, ours = stacked_under(levanter.data.loader.local_cpu_mesh)  # the name the loader looks up
-    assert set(mesh.axis_types) == {AxisType.Auto} and list(mesh.devices.flat) == [cpu]
-    assert mesh.axis_names == names
-    assert not isinstance(ours, Exception), ours
-    assert ours.axes == (hax.Axis("batch", 2), hax.Axis("position", 4))
-    assert (ours.array == jnp.stack([example.array] * 2)).all()

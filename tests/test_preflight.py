@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from levanter.infra.ray_tpu import TPU_CONFIGS
 
+from levanter_mars.infra.preflight.step import TEMPORARIES, out_of_memory
 from levanter_mars.infra.preflight.topology import GiB, abstract_devices, tpu_target
 from levanter_mars.infra.slices import slice_type
 from tests.helpers.preflight import REPO, last_json, refusal_line, run_preflight
@@ -178,7 +179,8 @@ def test_libtpu_extra_is_the_version_the_pinned_jax_declares():
 
     from packaging.requirements import Requirement
 
-    # jax pins libtpu exactly (0.7: libtpu==0.0.23) or to one release's patches (0.9: libtpu==0.0.37.*).
+    # jax pins libtpu exactly (0.7: libtpu==0.0.23) or to one release's patches (0.9: libtpu==0.0.37.*, 0.10:
+    # libtpu==0.0.42.*).
     declared = [Requirement(r.split(";")[0]) for r in importlib.metadata.requires("jax") if r.startswith("libtpu")]
     locked = [line.strip() for line in (REPO / "constraints.txt").read_text().splitlines() if line.startswith("libtpu==")]
     assert len(declared) == len(locked) == 1, (declared, locked)
@@ -227,3 +229,16 @@ def test_launch_refuses_before_submitting_when_pre_flight_refuses(capsys, tmp_pa
     _, err = capsys.readouterr()
     assert code == 2, err
     assert "error: pre-flight refused, nothing was submitted: error: cannot build the TPU topology" in err
+
+
+def test_the_compilers_out_of_memory_verdict_is_read_as_bytes():
+    # libtpu 0.0.42.1's words for the refusal case above: its temporaries, estimated before it places the program.
+    said = ("jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for "
+            "HLO temporaries (56.39G) exceeds available HBM (30.75G).")
+    verdict = out_of_memory(said)
+    assert verdict[:2] == (int(56.39 * GiB), int(30.75 * GiB)) and verdict.counts == TEMPORARIES
+    assert verdict.line.startswith("RESOURCE_EXHAUSTED: Ran out of memory on HBM")
+    # libtpu 0.0.37's form: the whole program's peak.
+    assert out_of_memory("RESOURCE_EXHAUSTED: Used 49.09G of 30.75G hbm.")[:2] == (int(49.09 * GiB), int(30.75 * GiB))
+    assert out_of_memory("RESOURCE_EXHAUSTED: Allocation (size=40) would exceed memory (size=32)")[:2] == (40, 32)
+    assert out_of_memory("INVALID_ARGUMENT: no HBM here") is None

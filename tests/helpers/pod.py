@@ -6,6 +6,7 @@ checkpoint directory, as a pod's hosts share a bucket.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -83,3 +84,24 @@ def run_pod(config_path: Path, *extra: str, timeout: float = 900, **kwargs) -> P
     pod = start_pod(config_path, *extra, **kwargs)
     pod.wait(timeout)
     return pod
+
+
+def run_helper_processes(module: str, *, num_processes: int = 1, devices: int = 2, timeout: float = 300) -> list:
+    """``python -m MODULE PORT PROCESS_ID`` in ``num_processes`` processes with ``devices`` simulated CPU devices each
+    (a helper of several processes joins them with jax.distributed on PORT); each must exit 0 and end its stdout with
+    one JSON line, returned in process order."""
+    import json
+    import sys
+
+    env = _env({"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
+                "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])})
+    port = free_port()
+    procs = [
+        subprocess.Popen([sys.executable, "-m", module, str(port), str(i)], cwd=REPO, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(num_processes)
+    ]
+    outputs = [proc.communicate(timeout=timeout) for proc in procs]
+    for i, (proc, (_, err)) in enumerate(zip(procs, outputs)):
+        assert proc.returncode == 0, f"{module}, process {i}: exit {proc.returncode}\n{err[-4000:]}"
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]

@@ -275,9 +275,9 @@ DEFECTS: tuple[Defect, ...] = (
         35,
         LEVANTER,
         "the data loader stacks each batch under a one-CPU mesh made by jax.make_mesh without axis_types (Explicit "
-        "axes from jax 0.9): stacking elements that carry the trainer's Auto mesh fails, which on jax 0.10 every "
-        "batch does",
+        "axes from jax 0.9): stacking elements that carry the trainer's Auto mesh fails (mesh mismatch; on several "
+        "devices, incompatible devices; on a pod, elements no host can address), which on jax 0.10 every batch does",
         "compat.levanter_data_mesh.auto_axes_data_mesh",
-        _COMPAT + "test_defect_35_the_data_loader_mesh_has_explicit_axes_and_the_workaround_stacks_batches",
+        "tests/test_compat_loader_mesh.py::test_defect_35_the_loader_mesh_has_explicit_axes_and_the_workaround_stacks",
     ),
 )

@@ -8,7 +8,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Optional
 
 from levanter_mars.infra.preflight.eval_steps import EVAL_HARNESS
-from levanter_mars.infra.preflight.step import Compiled
+from levanter_mars.infra.preflight.step import ONE_BUFFER, WHOLE_PROGRAM, Compiled
 from levanter_mars.infra.preflight.topology import GiB, TpuTarget
 from levanter_mars.infra.slices import neighbour_slice
 
@@ -154,14 +154,21 @@ class Verdict:
         lines.append("  verdict         " + ("fits" if self.fits else "DOES NOT FIT"))
         return "\n".join(lines)
 
+    def _needs(self, name: str) -> str:
+        counts = self.programs[name].used_counts
+        if counts in (None, WHOLE_PROGRAM):
+            return f"it needs {self.peak(name) / GiB:.2f} GiB"
+        verb = "needs" if counts == ONE_BUFFER else "need"
+        return f"{counts} {verb} {self.programs[name].used_bytes / GiB:.2f} GiB (the compiler's figure)"
+
     def refusal(self) -> str:
         """One line naming what to change."""
         failing = [name for name in self.programs if not self.program_fits(name)]
         worst = max(failing, key=self.peak)
         larger = neighbour_slice(self.target.tpu_type, larger=True)
         where = "" if worst == TRAIN_STEP else f" ({worst}, between train steps)"
-        needs = (f"{self.config_path} does not fit on {self.target.tpu_type}{where}: it needs "
-                 f"{self.peak(worst) / GiB:.2f} GiB per chip of {self.hbm / GiB:.0f} GiB HBM. ")
+        needs = (f"{self.config_path} does not fit on {self.target.tpu_type}{where}: {self._needs(worst)} per chip "
+                 f"of {self.hbm / GiB:.0f} GiB HBM. ")
         slice_hint = f"use a larger --tpu_type{f' ({larger})' if larger else ''}"
         if TRAIN_STEP in failing:
             return needs + (

@@ -15,7 +15,7 @@ import re
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, NamedTuple, Optional
 
 import equinox as eqx
 import haliax as hax
@@ -97,7 +97,8 @@ class Compiled:
     out_of_memory: Optional[str] = None
     """The TPU compiler's refusal, first line, when the program does not fit."""
     used_bytes: Optional[int] = None
-    """With ``out_of_memory``: what the compiler says the program needs (at least)."""
+    """With ``out_of_memory``: the compiler's figure for what it could not place, ``used_counts``."""
+    used_counts: Optional[str] = None
     capacity_bytes: Optional[int] = None
     """With ``out_of_memory``: the HBM the compiler says one device has for it."""
     load_average: Optional[float] = None
@@ -110,27 +111,41 @@ class Compiled:
         return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
 
 
-# The TPU compiler's two ways of saying a program does not fit: the whole program's peak, or (when one buffer alone
-# is too large) that buffer, which is then a lower bound of the peak.
-_USED = re.compile(r"Used ([0-9.]+)([KMGT]) of ([0-9.]+)([KMGT]) hbm")
-_ALLOCATION = re.compile(r"Allocation \(size=(\d+)\) would exceed memory \(size=(\d+)\)")
-_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+# The TPU compiler's ways of saying a program does not fit, and what each figure counts: the whole program's peak
+# (libtpu 0.0.37); its temporaries alone, estimated before it places the program (0.0.42, in seconds rather than
+# minutes, and not a bound of the peak: 56.39 GiB where 0.0.37 said 49.09 for the whole of the same program); or one
+# buffer alone that is too large.
+WHOLE_PROGRAM, TEMPORARIES, ONE_BUFFER = "the whole program", "its temporaries alone", "one buffer alone"
+_VERDICTS = (
+    (WHOLE_PROGRAM, re.compile(r"Used ([0-9.]+)([KMGT]) of ([0-9.]+)([KMGT]) hbm")),
+    (TEMPORARIES, re.compile(
+        r"required for HLO temporaries \(([0-9.]+)([KMGT])\) exceeds available HBM \(([0-9.]+)([KMGT])\)")),
+    (ONE_BUFFER, re.compile(r"Allocation \(size=(\d+)()\) would exceed memory \(size=(\d+)()\)")),
+)
+_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "": 1}
 
 
-def out_of_memory(message: str) -> Optional[tuple[int, int, str]]:
-    """(bytes needed, bytes the compiler can place, the verdict's line), if ``message`` is the compiler's
-    out-of-memory verdict."""
+class OutOfMemory(NamedTuple):
+    needed: int
+    """Bytes per device, of what ``counts``."""
+    capacity: int
+    """The HBM the compiler says one device has for it."""
+    line: str
+    counts: str
+
+
+def out_of_memory(message: str) -> Optional[OutOfMemory]:
+    """The compiler's out-of-memory verdict in ``message``, if it is one."""
     if "RESOURCE_EXHAUSTED" not in message:
         return None
-    line = next((ln.strip() for ln in message.splitlines() if "hbm" in ln or "would exceed memory" in ln), "")
+    line = next((ln.strip() for ln in message.splitlines() if "hbm" in ln.lower() or "would exceed memory" in ln), "")
     line = line[line.find("RESOURCE_EXHAUSTED"):] if "RESOURCE_EXHAUSTED" in line else line
-    used = _USED.search(message)
-    if used:
-        needed = int(float(used.group(1)) * _UNITS[used.group(2)])
-        return needed, int(float(used.group(3)) * _UNITS[used.group(4)]), line
-    allocation = _ALLOCATION.search(message)
-    if allocation:
-        return int(allocation.group(1)), int(allocation.group(2)), line
+    for counts, pattern in _VERDICTS:
+        found = pattern.search(message)
+        if found:
+            needed, unit, capacity, capacity_unit = found.groups()
+            return OutOfMemory(int(float(needed) * _UNITS[unit]), int(float(capacity) * _UNITS[capacity_unit]), line,
+                               counts)
     return None
 
 
@@ -142,9 +157,10 @@ def compile_program(lowered: Any) -> Compiled:
         verdict = out_of_memory(str(e))
         if verdict is None:
             raise
-        needed, capacity, line = verdict
-        return Compiled(0, 0, 0, 0, None, time.perf_counter() - start, out_of_memory=line, used_bytes=needed,
-                        capacity_bytes=capacity, load_average=round(os.getloadavg()[0], 1))
+        temporaries = verdict.needed if verdict.counts == TEMPORARIES else 0
+        return Compiled(0, 0, 0, temporaries, None, time.perf_counter() - start, out_of_memory=verdict.line,
+                        used_bytes=verdict.needed, used_counts=verdict.counts, capacity_bytes=verdict.capacity,
+                        load_average=round(os.getloadavg()[0], 1))
     seconds = time.perf_counter() - start
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from levanter_mars.optim import ScaleByMarsState, mars, scale_by_mars, scale_by_mars_m
+from levanter_mars.optim import ScaleByMarsState, mars, mars_m, scale_by_mars, scale_by_mars_m
 
 
 def _params():
@@ -236,3 +236,25 @@ def test_folded_global_clip_equals_optax_clip_before_an_unclipped_transform(case
 
 
 CLIP_TOLERANCE = 2e-6
+
+
+@pytest.mark.parametrize("make", [lambda: mars(1e-2), lambda: mars(1e-2, max_grad_norm=1.0, variant="shampoo"),
+                                  lambda: mars_m(1e-2)], ids=["mars", "mars-shampoo-clipped", "mars-m"])
+def test_float64_parameters_train_in_float64(make):
+    """With jax_enable_x64, float64 parameters keep float64 updates and state (the CPU and default forms of
+    fewer_passes.ordered_on_cpu used to disagree on the dtype: a TypeError at trace time)."""
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        params = {"w": jnp.linspace(-1.0, 1.0, 12, dtype=jnp.float64).reshape(3, 4), "b": jnp.ones(3, jnp.float64)}
+        tx = make()
+
+        @jax.jit
+        def step(params, state):
+            updates, state = tx.update(jax.tree.map(lambda x: 0.5 * x, params), state, params)
+            return optax.apply_updates(params, updates), state
+
+        params, state = step(params, tx.init(params))
+        assert {x.dtype for x in jax.tree.leaves((params, state)) if x.ndim} == {jnp.dtype(jnp.float64)}
+    finally:
+        jax.config.update("jax_enable_x64", previous)

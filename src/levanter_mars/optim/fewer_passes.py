@@ -92,6 +92,10 @@ def ordered_on_cpu(scale: Any, *dependencies: Any) -> Any:
     (``jax.lax.platform_dependent``, decided as the program is lowered for its platform). The dependencies are
     outputs of the same tensor's update, so a non-finite one only marks a tensor that is already non-finite.
     """
+    # Both branches in the scale's own dtype: with float64 parameters (jax_enable_x64) the zero is float64 too, and
+    # platform_dependent requires its branches to agree.
+    dtype = jnp.result_type(scale)
     return jax.lax.platform_dependent(
-        scale, *dependencies, cpu=lambda s, *d: s + _zero_after(d), default=lambda s, *d: s + 0.0
+        scale, *dependencies,
+        cpu=lambda s, *d: (s + _zero_after(d)).astype(dtype), default=lambda s, *d: jnp.asarray(s + 0.0, dtype),
     )

@@ -57,7 +57,7 @@ def _load(path, like):
     def load(layout):
         return layout.to_current(tree_deserialize_leaves_tensorstore(str(path), layout.to_stored(like)))
 
-    return load_in_any_layout(str(path), load)
+    return load_in_any_layout(str(path), load, state_dir=str(path))  # the optimizer state alone, at the root
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -112,3 +112,40 @@ def test_the_layout_maps_are_inverse_and_move_only_the_mars_chain():
     assert jax.tree.structure(LEADING_SLOT.to_current(stored)) == jax.tree.structure(state)
     adamw = optax.adamw(1e-3).init(_params())  # no MARS chain: nothing to move
     assert jax.tree.structure(LEADING_SLOT.to_stored(adamw)) == jax.tree.structure(adamw)
+
+
+def _load_like_the_trainer(path, like):
+    """As the trainer loads: Levanter's ``load_checkpoint`` of a state whose optimizer state is under ``opt_state``."""
+    from levanter.checkpoint import load_checkpoint
+
+    def load(layout):
+        tree = {"model": {"w": like["w"]}, "opt_state": layout.to_stored(like["opt"])}
+        stored = load_checkpoint(tree, str(path), discover_latest=False)
+        return layout.to_current(stored["opt_state"])
+
+    return load_in_any_layout(str(path), load)
+
+
+def test_only_missing_optimizer_state_paths_mean_another_layout(tmp_path):
+    """A missing checkpoint, a storage failure or a model path that is not stored is reported as itself. On 4cb100e
+    every FileNotFoundError sent the load on to the next layout, and the run was told the checkpoint "matches no known
+    optimizer-state layout"."""
+    params = _params()
+    opt = mars(1e-2).init(params)
+    like = {"w": params["w"], "opt": opt}
+    tree_serialize_leaves_tensorstore(str(tmp_path / "ok"), {"model": {"w": params["w"]}, "opt_state": opt})
+    np.testing.assert_array_equal(jax.tree.leaves(_load_like_the_trainer(tmp_path / "ok", like))[0],
+                                  jax.tree.leaves(opt)[0])  # fmt: skip
+
+    with pytest.raises(FileNotFoundError, match="Could not find checkpoint"):  # a run directory that is not there
+        _load_like_the_trainer(tmp_path / "gone", like)
+
+    tree_serialize_leaves_tensorstore(str(tmp_path / "other-model"), {"model": {"v": params["w"]}, "opt_state": opt})
+    with pytest.raises(FileNotFoundError, match=r"Missing paths: .*other-model/model/w"):
+        _load_like_the_trainer(tmp_path / "other-model", like)
+
+    def storage_blip(layout):
+        raise FileNotFoundError("[Errno 2] 503 Service Unavailable: gs://bucket/run/step-10/opt_state/.zarray")
+
+    with pytest.raises(FileNotFoundError, match="503"):
+        load_in_any_layout(str(tmp_path / "ok"), storage_blip)

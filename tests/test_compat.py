@@ -872,3 +872,18 @@ def test_defect_34_mixtral_loss_cannot_be_differentiated_and_the_workaround_can(
             grad_of(compute_next_token_loss)
         grads = grad_of(levanter_models.differentiable_loss(compute_next_token_loss))
     assert all(bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads))
+
+
+def test_defect_36_levanter_tells_missing_paths_from_a_missing_checkpoint_only_by_the_message(tmp_path):
+    from levanter.checkpoint import load_checkpoint
+    from levanter.tensorstore_serialization import tree_deserialize_leaves_tensorstore, tree_serialize_leaves_tensorstore
+
+    tree_serialize_leaves_tensorstore(str(tmp_path / "ckpt"), {"a": jnp.zeros(3)})
+    with pytest.raises(FileNotFoundError) as not_stored:
+        tree_deserialize_leaves_tensorstore(str(tmp_path / "ckpt"), {"a": jnp.zeros(3), "b": jnp.zeros(2)})
+    with pytest.raises(FileNotFoundError) as no_checkpoint:
+        load_checkpoint({"a": jnp.zeros(3)}, str(tmp_path / "gone"), discover_latest=False)
+    assert type(not_stored.value) is type(no_checkpoint.value), "one class for both"
+    assert levanter_training.missing_checkpoint_paths(not_stored.value) == [str(tmp_path / "ckpt" / "b")]
+    assert levanter_training.missing_checkpoint_paths(no_checkpoint.value) is None
+    assert levanter_training.missing_checkpoint_paths(FileNotFoundError("Missing paths: not a list")) is None

@@ -280,4 +280,12 @@ DEFECTS: tuple[Defect, ...] = (
         "compat.levanter_data_mesh.auto_axes_data_mesh",
         "tests/test_compat_loader_mesh.py::test_defect_35_the_loader_mesh_has_explicit_axes_and_the_workaround_stacks",
     ),
+    Defect(
+        36,
+        LEVANTER,
+        "a checkpoint that does not store some paths of the state raises the same FileNotFoundError as a missing "
+        "checkpoint or a storage failure, told apart only by its message ('Missing paths: [...]')",
+        "compat.levanter_training.missing_checkpoint_paths",
+        _COMPAT + "test_defect_36_levanter_tells_missing_paths_from_a_missing_checkpoint_only_by_the_message",
+    ),
 )

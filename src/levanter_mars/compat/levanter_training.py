@@ -1,4 +1,4 @@
-"""Levanter's Trainer and Checkpointer, where they need fixing or reaching into (defects 1, 2, 10, 15).
+"""Levanter's Trainer and Checkpointer, where they need fixing or reaching into (defects 1, 2, 10, 15, 36).
 
 :class:`FixedTrainer` is Levanter's ``Trainer`` with defects 1 and 2 fixed; the project's trainer subclasses it and
 never names a private member of Levanter itself.
@@ -158,3 +158,24 @@ def jitted_train_step(trainer: Trainer):
     """Defect 32. The trainer's jitted step (``named_jit`` of ``_train_step``, state donated): Levanter offers no
     public handle on it, and pre-flight must lower exactly that program for a TPU topology."""
     return trainer._jit_train_step_fn
+
+
+#: How Levanter's ``tree_deserialize_leaves_tensorstore`` begins the message of the one error that lists paths a
+#: checkpoint does not store (defect 36).
+_MISSING_PATHS = "Missing paths: "
+
+
+def missing_checkpoint_paths(error: BaseException) -> Optional[list[str]]:
+    """Defect 36. The paths a checkpoint does not store, if ``error`` is Levanter's report of them; None for any other
+    error, a ``FileNotFoundError`` of a missing checkpoint or of a storage failure included (Levanter raises the same
+    class for all three and tells them apart only in the message)."""
+    import ast
+
+    message = str(error)
+    if type(error) is not FileNotFoundError or not message.startswith(_MISSING_PATHS):
+        return None
+    try:
+        paths = ast.literal_eval(message[len(_MISSING_PATHS) :])
+    except (ValueError, SyntaxError):
+        return None
+    return [str(p) for p in paths] if isinstance(paths, list) and paths else None

@@ -5,17 +5,20 @@ are numbered by position: ``opt_state/inner_state/inner_state/1/mu/...``. A chan
 a checkpoint written before the change names it differently. Each known layout is a pair of pure maps between
 today's optimizer state and the state as that layout stored it. A checkpoint's layout is the first one whose every
 path is stored (Levanter checks the paths before it reads a byte), and the state loaded that way is mapped to today's.
+Only a report of optimizer-state paths that are not stored sends the load on to the next layout.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import posixpath
 from typing import Any, Callable, NamedTuple, TypeVar
 
 import jax
 import optax
 
+from levanter_mars.compat.levanter_training import missing_checkpoint_paths
 from levanter_mars.optim.mars_family import ScaleByMarsState
 from levanter_mars.training.errors import CheckpointError
 
@@ -62,14 +65,24 @@ LEADING_SLOT = Layout("leading-slot", "949b23f to f18f19f", _with_leading_slot, 
 LAYOUTS = (CURRENT, LEADING_SLOT)
 
 
-def load_in_any_layout(path: str, load: Callable[[Layout], State]) -> State:
-    """``load(layout)`` loads the checkpoint at ``path`` as ``layout`` stored it and returns today's state, or raises
-    ``FileNotFoundError`` when a path of that layout is not stored. Returns the first layout's that loads."""
+def load_in_any_layout(path: str, load: Callable[[Layout], State], *, state_dir: str | None = None) -> State:
+    """``load(layout)`` loads the checkpoint at ``path`` as ``layout`` stored it and returns today's state. Returns the
+    first layout's that loads.
+
+    Only Levanter's report of paths the checkpoint does not store, every one of them under ``state_dir`` (where the
+    optimizer state is stored: ``<path>/opt_state`` for a trainer state), means "another layout". Any other error (a
+    missing checkpoint, a storage failure, a model path that is not stored) is raised as itself: it says what is wrong,
+    and another layout would not load either.
+    """
+    state_dir = state_dir or posixpath.join(path, "opt_state")
     missing = {}
     for layout in LAYOUTS:
         try:
             state = load(layout)
         except FileNotFoundError as e:
+            paths = missing_checkpoint_paths(e)
+            if not paths or not all(_within(p, state_dir) for p in paths):
+                raise
             missing[layout.name] = str(e)
             continue
         if layout is not CURRENT:
@@ -81,6 +94,13 @@ def load_in_any_layout(path: str, load: Callable[[Layout], State]) -> State:
         f"checkpoint {path} matches no known optimizer-state layout ({', '.join(l.written_by for l in LAYOUTS)}): "
         f"{details}"
     )
+
+
+def _within(path: str, directory: str) -> bool:
+    def plain(p: str) -> str:
+        return posixpath.normpath(p.split("://", 1)[-1])
+
+    return plain(path).startswith(plain(directory) + "/")
 
 
 def load_trainer_state(path: str, optimizer: optax.GradientTransformation,

@@ -145,12 +145,17 @@ def test_fresh_twice_in_one_second_keeps_both_old_runs(tmp_path, monkeypatch):
         def now(cls, tz=None):
             return cls(2026, 1, 1, 12, 0, 0)
 
+    from levanter_mars.program_config import parse_train_config
+    from tests.helpers.training import tiny_config
+
     monkeypatch.setattr(fresh.datetime, "datetime", FrozenClock)
-    target = tmp_path / "run"
+    config = parse_train_config(["--config_path", str(tiny_config(tmp_path, tmp_path / "corpus", "run"))])
+    target = tmp_path / "runs" / "run"
     moved = []
     for content in ("first", "second"):
-        target.mkdir()
+        target.mkdir(parents=True)
         (target / "metrics.jsonl").write_text(content)
-        moved.append(fresh.set_aside(str(target)))
+        (moved_now,) = fresh.set_aside_run(config, {})
+        moved.append(moved_now)
     assert len(set(moved)) == 2 and not target.exists()
     assert [open(os.path.join(m, "metrics.jsonl")).read() for m in moved] == ["first", "second"]

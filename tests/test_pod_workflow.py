@@ -55,9 +55,11 @@ def test_fresh_is_applied_once_per_launch_and_sets_aside_the_log_too(tmp_path):
     assert (Path(checkpoint_dir(config)) / "step-10").exists()
 
     # A new launch with fresh=true starts over again; so does a plain command, every time.
+    (Path(checkpoint_dir(config)) / "step-10" / "arrays").write_text("trained by launch-a")
     assert len(fresh.set_aside_run(config, {LAUNCH_ID_ENV: "launch-b"})) == 1  # the checkpoints (marker inside)
     assert fresh.applied_by(config) == "launch-b"
     (Path(checkpoint_dir(config)) / "step-10").mkdir()
+    (Path(checkpoint_dir(config)) / "step-10" / "arrays").write_text("trained by launch-b")
     assert len(fresh.set_aside_run(config, {})) == 1
     assert len(fresh.set_aside_run(config, {})) == 0  # nothing left to set aside
     assert len(list(Path(checkpoint_dir(config)).parent.glob("once.old-*"))) == 3

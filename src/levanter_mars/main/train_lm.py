@@ -54,8 +54,7 @@ def main(config: TrainAndEvalConfig) -> Optional[RunSummary]:
     # caches aside for data.rebuild_cache and records the caches about to be built.
     distributed.leader_decides(lambda: cache_check.check_and_prepare(config.data).to_json())
     distributed.leader_decides(lambda: data.build_local_caches(config.data))
-    if config.fresh:
-        distributed.leader_decides(lambda: fresh.set_aside_run(config))
+    distributed.leader_decides(lambda: fresh.prepare(config))  # fresh=true, or a set-aside a preemption cut short
     run_info = describe_run(config)
     resume = None
     if config.trainer.load_checkpoint is not False:

@@ -171,7 +171,7 @@ def test_standalone_cli_reports_bad_input_naming_the_field_or_file(tmp_path, cap
     suite = ["--config_path", str(OFFLINE_SUITE)]
     assert cli(["--config_path", str(tmp_path / "missing.yaml")]) == 2
     assert "no such file" in capsys.readouterr().err
-    assert cli([*suite, "--checkpoint_path", str(tmp_path / "nowhere")]) == 1
+    assert cli([*suite, "--checkpoint_path", str(tmp_path / "nowhere")]) == 5  # checkpoint unusable
     assert "checkpoint_path: no such directory" in capsys.readouterr().err
     assert cli(suite) == 2
     assert "checkpoint_path: give a checkpoint, or train_config_path" in capsys.readouterr().err
@@ -182,10 +182,10 @@ def test_standalone_cli_reports_bad_input_naming_the_field_or_file(tmp_path, cap
     assert cli([*suite, "--checkpoint_path", str(step)]) == 2  # arrays only: the model config is unknown
     assert "train_config_path" in capsys.readouterr().err
     (step / "levanter_mars_manifest.json").write_text(json.dumps({"files": {"model/x": {"size": 1, "crc32c": "0"}}}))
-    assert cli([*suite, "--checkpoint_path", str(step.parent)]) == 1
+    assert cli([*suite, "--checkpoint_path", str(step.parent)]) == 5
     error = capsys.readouterr().err
     assert "holds no complete checkpoint" in error and "corrupt (missing file model/x)" in error, error
-    assert cli([*suite, "--checkpoint_path", str(step), "--train_config_path", str(TINY_CONFIG)]) == 1
+    assert cli([*suite, "--checkpoint_path", str(step), "--train_config_path", str(TINY_CONFIG)]) == 5
     assert "corrupt (missing file model/x)" in capsys.readouterr().err
 
 

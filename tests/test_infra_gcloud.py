@@ -36,7 +36,9 @@ def in_repo(monkeypatch):
 def plan_for(*flags, overrides=BUCKET):
     launch, extra = parse_args([*BASE, *flags, "--", *overrides], gcloud.GcloudLaunchConfig)
     gcloud.check(launch)
-    return gcloud.GcloudPlan(prepare(launch, extra), launch)
+    # Prepared as a dry run: a real launch also probes the bucket and loads the hub tokenizer, not these tests' topic.
+    dry = parse_args([*BASE, *flags, "--dry_run", "--", *overrides], gcloud.GcloudLaunchConfig)[0]
+    return gcloud.GcloudPlan(prepare(dry, extra), launch)
 
 
 def commands(rendered: str) -> list[list[str]]:
@@ -213,6 +215,9 @@ def test_a_config_error_is_not_retried_and_every_attempt_is_one_launch():
     train_calls = [c for c in fake.calls if c[3:5] == ["tpu-vm", "ssh"] and "--worker=all" not in c]
     assert len(train_calls) == 1, "a config error was retried"
     assert fake.calls[-1][3:5] == ["queued-resources", "delete"]
+    # Any stop the run decides ends the launch the same way, with its own code (here a non-finite stop).
+    code, log = run_scripted(plan_for("--tpu_type", "v4-8", "--retries", "3"), ScriptedGcloud(attempts=[[3], [0]]))
+    assert code == 3 and "exit 3 (nonfinite stop)" in log and "not retried" in log, log
 
     plan = plan_for("--tpu_type", "v4-8", "--retries", "1")
     fake = ScriptedGcloud(attempts=[[1], [0]])

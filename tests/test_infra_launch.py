@@ -135,7 +135,7 @@ def test_credentials_travel_in_job_metadata_and_are_never_printed(capsys, monkey
     assert plan["secrets_not_set"] == ["HUGGING_FACE_HUB_TOKEN"]
     assert set(plan["ray_job"]["metadata"]) == {"launcher", "run_id", *(SECRET_METADATA_PREFIX + n for n in secrets)}
 
-    config, overrides = parse_args(argv, RayLaunchConfig)
+    config, overrides = parse_args(["--dry_run", *argv], RayLaunchConfig)  # a real launch would probe the bucket
     job = build_job(prepare(config, overrides), config)
     assert {k: v for k, v in job.metadata.items() if k.startswith(SECRET_METADATA_PREFIX)} == {
         SECRET_METADATA_PREFIX + k: v for k, v in secrets.items()
@@ -283,3 +283,20 @@ def test_training_environment_gets_credentials_and_drops_the_local_node_environm
     assert users_own_proxy == {"http_proxy": "http://proxy.corp:3128"}
     on_tpu = host.training_environment(environ, {"WANDB_API_KEY": "w"}, local=False)
     assert on_tpu["TPU_VISIBLE_CHIPS"] == "0,1,2,3" and on_tpu["WANDB_API_KEY"] == "w"
+
+
+def test_the_launcher_runs_the_training_programs_own_validation(capsys, tmp_path, pydocs_corpus):
+    """A training file that does not exist stops the launch, dry run included, before anything is submitted: on
+    4cb100e the launcher ran a hand-picked part of the validation, without the data checks, and passed it."""
+    data = {"train_urls": [str(tmp_path / "missing.jsonl")], "cache_dir": str(tmp_path / "tokenized")}
+    config = tiny_config(tmp_path, pydocs_corpus, "no-data", {"data": data})
+    assert launch.cli(["--dry_run", "--config_path", str(config), "--tpu_type", "cpu", "--num_hosts", "2"]) == 2
+    out, err = capsys.readouterr()
+    assert f"config error: data.train_urls[0]: no such file {str(tmp_path / 'missing.jsonl')!r}" in err and not out
+
+    # A dry run contacts nothing and writes nothing: it says what it did not check.
+    plan, _, _ = dry_run(capsys, "--config_path", SMALL, "--tpu_type", "v4-8", "--", *BUCKET)
+    skipped = plan["validation"]["not checked here"]
+    assert "trainer.checkpointer.base_path 'gs://test-bucket/ckpt/gpt2-small-mars' (a write probe)" in skipped
+    cache = "gs://test-bucket/ckpt/compile-cache"
+    assert any(s.startswith("trainer.compilation_cache") and cache in s for s in skipped), skipped

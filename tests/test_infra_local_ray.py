@@ -192,24 +192,36 @@ def test_local_pod_of_two_hosts_survives_a_killed_process_and_resumes_bitwise(wo
     assert not proxies, f"the private cluster's client-server proxy outlived it: {proxies}"
 
 
-def test_a_config_error_on_the_pod_ends_the_launch_at_once(workdir, pydocs_corpus, tmp_path):
-    """Exit 2 (here: empty data files, caught before anything is built or compiled) is not retried: a retry runs the
-    same config. It was 4 attempts, 66 s and 5 tracebacks."""
-    empty = {"train_urls": [str(tmp_path / "train.jsonl")], "validation_urls": [str(tmp_path / "validation.jsonl")],
-             "cache_dir": str(tmp_path / "tokenized")}  # fmt: skip
-    for split in ("train", "validation"):
-        (tmp_path / f"{split}.jsonl").write_text("")
-    config = tiny_config(workdir, pydocs_corpus, "pod-empty", {"data": empty})
+def test_a_missing_training_file_ends_the_launch_before_any_host_starts(workdir, pydocs_corpus, tmp_path):
+    """The launcher runs the training program's own validation: a data file that is not there is exit 2 before a Ray
+    cluster starts. On 4cb100e a cluster started, two hosts started 43 s later and each failed with exit 2."""
+    data = {"train_urls": [str(tmp_path / "train.jsonl")], "cache_dir": str(tmp_path / "tokenized")}
+    config = tiny_config(workdir, pydocs_corpus, "pod-no-data", {"data": data})
+    env = launcher_env({}, {})
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run(launcher_command(config, "--num_hosts", "2"), cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    log = output(proc)
+    assert proc.returncode == 2, log[-6000:]
+    assert f"config error: data.train_urls[0]: no such file {str(tmp_path / 'train.jsonl')!r}" in log
+    assert "starting a private Ray cluster" not in log and "Traceback" not in log, log[-6000:]
+
+
+def test_a_stop_the_run_decides_ends_the_launch_with_the_runs_own_exit_code(workdir, pydocs_corpus):
+    """A non-finite stop (``trainer.nonfinite: stop``; an initialization so large that the first gradients overflow)
+    is exit 3, on the host and from the launcher, after one attempt: a retry would stop the same way. On 4cb100e it was
+    exit 1, retried as a crash."""
+    overrides = {"model": {"initializer_range": 1e37}, "trainer": {"nonfinite": "stop"}}
+    config = tiny_config(workdir, pydocs_corpus, "pod-nonfinite", overrides)
     env = launcher_env({}, {})
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.run(
         launcher_command(config, "--retries", "3"), cwd=REPO, env=env, capture_output=True, text=True, timeout=600
     )
     log = output(proc)
-    assert proc.returncode == 2, log[-6000:]
-    assert log.count("Running on 1 x TPU cpu") == 1, "the config error was retried"
-    assert log.count("config error: data.train_urls: no documents to train on") == 1
-    assert "not retried" in log and "Traceback" not in log, log[-6000:]
+    assert proc.returncode == 3, log[-6000:]
+    assert log.count("Running on 1 x TPU cpu") == 1, "the stop was retried"
+    assert "step 0: NaN/Inf" in log and "exit 3 (nonfinite stop)" in log and "not retried" in log, log[-6000:]
 
 
 @pytest.mark.extended  # a long-lived cluster (--address): the private-cluster pod test covers the engine in CI

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import fsspec
@@ -15,7 +16,7 @@ from levanter_mars.program_config import parse_train_config
 from levanter_mars.infra import host, launch
 from levanter_mars.training.run import fresh
 from levanter_mars.training.run.identity import checkpoint_dir
-from levanter_mars.training.run.launch_id import LAUNCH_ID_ENV
+from levanter_mars.training.run.launch_id import ATTEMPT_STARTED_ENV, LAUNCH_ID_ENV
 from tests.helpers.training import tiny_config
 
 
@@ -101,8 +102,12 @@ def test_a_host_returns_a_config_error_instead_of_failing_and_passes_on_the_laun
     assert result["returncode"] == 2
     seen = json.loads((tmp_path / "fake_train_2.env.json").read_text())
     assert seen[LAUNCH_ID_ENV] == "launch-7" and seen["HF_TOKEN"] == "t"
+    started = float(seen[ATTEMPT_STARTED_ENV])  # the goodput record's start of the attempt: the launcher's clock
+    assert 0 < time.time() - started < 60
+    monkeypatch.setattr(host, "TRAIN_MODULE", _training_module(tmp_path, 3))  # a non-finite stop: not retried either
+    assert host.run_host([], str(tmp_path), None, {})["returncode"] == 3
     monkeypatch.setattr(host, "TRAIN_MODULE", _training_module(tmp_path, 1))
-    with pytest.raises(host.TrainingProcessError, match="exit code 1"):  # a crash is a failure: retried
+    with pytest.raises(host.TrainingProcessError, match=r"exit 1 \(crash\)"):  # a crash is a failure: retried
         host.run_host([], str(tmp_path), None, {}, launch_id="launch-7")
 
 

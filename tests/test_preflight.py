@@ -224,8 +224,10 @@ def test_launch_refuses_before_submitting_when_pre_flight_refuses(capsys, tmp_pa
     (tmp_path / "libtpu" / "__init__.py").write_text("raise ImportError('no libtpu for this platform')\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(REPO / "src"), str(REPO)]))
     monkeypatch.delenv("TPU_LIBRARY_PATH", raising=False)
+    # A real launch probes the storage it names (here fsspec's in-memory one: no network in tests).
+    in_memory = ["--trainer.checkpointer.base_path", "memory://b/ckpt", "--data.cache_dir", "memory://b/tok"]
     code = launch.cli(["--config_path", SMALL_MARS, "--tpu_type", "v4-32", "--address", "http://127.0.0.1:1", "--",
-                       *BUCKET])
+                       *in_memory])
     _, err = capsys.readouterr()
     assert code == 2, err
     assert "error: pre-flight refused, nothing was submitted: error: cannot build the TPU topology" in err
@@ -242,3 +244,45 @@ def test_the_compilers_out_of_memory_verdict_is_read_as_bytes():
     assert out_of_memory("RESOURCE_EXHAUSTED: Used 49.09G of 30.75G hbm.")[:2] == (int(49.09 * GiB), int(30.75 * GiB))
     assert out_of_memory("RESOURCE_EXHAUSTED: Allocation (size=40) would exceed memory (size=32)")[:2] == (40, 32)
     assert out_of_memory("INVALID_ARGUMENT: no HBM here") is None
+
+
+def _preflight_that(tmp_path, monkeypatch, body: str):
+    """A stand-in for pre-flight (``python -m <module>`` in the working directory) that does ``body``."""
+    import types
+
+    from levanter_mars.infra.preflight import launch_check
+
+    (tmp_path / "fake_preflight.py").write_text(body)
+    monkeypatch.setattr(launch_check, "PREFLIGHT_MODULE", "fake_preflight")
+    run = types.SimpleNamespace(run_id="r", slice=slice_type("v4-8"), job=types.SimpleNamespace(num_slices=1),
+                                train_argv=("--config_path", "c.yaml", "--trainer.id", "r"))  # fmt: skip
+    return launch_check.preflight_run(run, str(tmp_path), skip=False)
+
+
+@pytest.mark.parametrize("body,how", [
+    ("raise RuntimeError('the compiler crashed')\n", "exit 1"),
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", "signal SIGKILL"),  # a compile killed for memory
+])  # fmt: skip
+def test_a_pre_flight_that_crashes_is_no_refusal_and_names_its_log(tmp_path, monkeypatch, body, how):
+    """On 4cb100e any non-zero pre-flight was "refused, nothing was submitted" and exit 2, which says the config is
+    bad and is never retried."""
+    code, text = _preflight_that(tmp_path, monkeypatch, body)
+    assert code == 1 and text.startswith(f"crashed ({how}") and "no verdict on the config" in text, text
+    log = text.split("Its log: ")[1].split(". ")[0]
+    if how == "exit 1":
+        assert "RuntimeError: the compiler crashed" in open(log).read()
+    code, text = _preflight_that(tmp_path, monkeypatch, "import sys\nprint('does not fit: 3 GiB too many', "
+                                                        "file=sys.stderr)\nsys.exit(2)\n")  # fmt: skip
+    assert (code, text) == (2, "refused, nothing was submitted: does not fit: 3 GiB too many")
+
+
+def test_pre_flight_runs_the_training_programs_own_validation(tmp_path, pydocs_corpus):
+    from levanter_mars.main import preflight
+    from levanter_mars.program_config import parse_train_config
+    from levanter_mars.training.config import ConfigError
+    from tests.helpers.training import tiny_config
+
+    data = {"train_urls": [str(tmp_path / "missing.jsonl")], "cache_dir": str(tmp_path / "tokenized")}
+    config = parse_train_config(["--config_path", str(tiny_config(tmp_path, pydocs_corpus, "pf", {"data": data}))])
+    with pytest.raises(ConfigError, match=r"data.train_urls\[0\]: no such file"):
+        preflight.check(config, 4)

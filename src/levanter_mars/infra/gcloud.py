@@ -7,7 +7,8 @@
 It creates the queued resource, waits for it, pulls the image on every host, and runs the training command in a
 container on every host over ``gcloud ... ssh``. A non-zero exit while the slice is still ACTIVE is a failure
 (rerun on the same slice); a slice that left ACTIVE was preempted (deleted and created again). Both resume from
-the newest checkpoint under the same run id. A config error (exit 2 on a host) ends the launch at once, and every
+the newest checkpoint under the same run id. A stop the run decided (a config error, a non-finite stop, ...:
+``training/errors.py``) ends the launch at once with the run's own exit code, and every
 attempt carries the launch's id, so that ``fresh=true`` is applied once per launch. Credentials go to each container
 through ssh's stdin (``docker run --env-file /dev/stdin``): never on a command line, which gcloud would write to its
 logs.
@@ -26,8 +27,9 @@ from typing import Callable, Mapping, Optional, Sequence
 from levanter.infra.docker import make_docker_run_command
 
 from levanter_mars.infra.config import JobConfig, LaunchError
-from levanter_mars.infra.host import CONFIG_ERROR_EXIT_CODE, TRAIN_MODULE
+from levanter_mars.infra.host import TRAIN_MODULE
 from levanter_mars.infra.plan import REDACTED, PreparedRun, prepare_cli
+from levanter_mars.training.errors import DECIDED_STOPS, describe_exit
 from levanter_mars.training.run.launch_id import LAUNCH_ID_ENV, new_launch_id
 
 CAPACITY_FLAGS = {"spot": ["--spot"], "on-demand": [], "reserved": ["--reserved"]}
@@ -211,9 +213,11 @@ class GcloudRunner:
                 if all(code == 0 for code in codes):
                     self._say(f"training finished on every host (failures {failures}, preemptions {preemptions})")
                     return 0
-                if CONFIG_ERROR_EXIT_CODE in codes:
-                    self._say(f"config error (host exits {codes}); not retried: a retry runs the same config")
-                    return CONFIG_ERROR_EXIT_CODE
+                decided = [code for code in codes if code in DECIDED_STOPS]
+                if decided:
+                    self._say(f"the run stopped with {describe_exit(decided[0])} (host exits {codes}); not retried: "
+                              "a retry runs the same config and stops the same way")  # fmt: skip
+                    return decided[0]
                 if self.state() != ACTIVE:
                     preemptions += 1
                     self._say(f"the slice was preempted ({preemptions}/{job.preemption_retries}); host exits {codes}")

@@ -10,21 +10,22 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
 from levanter_mars.infra.local_node import without_node_environment
-from levanter_mars.training.run.launch_id import LAUNCH_ID_ENV
+from levanter_mars.training.errors import describe_exit, is_retried
+from levanter_mars.training.run.launch_id import ATTEMPT_STARTED_ENV, LAUNCH_ID_ENV
 
 TRAIN_MODULE = "levanter_mars.main.train_lm"
-#: The training program's exit code for a bad config (``main/train_lm.py``): nothing ran, and no retry can help.
-CONFIG_ERROR_EXIT_CODE = 2
 _PR_SET_PDEATHSIG = 1
 _DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
 
 class TrainingProcessError(RuntimeError):
-    """The training program ended non-zero on a host: a failure (not a preemption) for ``run_on_pod``."""
+    """The training program crashed on a host (exit 1 or a signal): a failure (not a preemption) for ``run_on_pod``,
+    which retries it."""
 
 
 @dataclass(frozen=True)
@@ -87,10 +88,14 @@ def run_host(
     train_argv: Sequence[str], workdir: Optional[str], local: Optional[LocalHost], secrets: Mapping[str, str],
     launch_id: Optional[str] = None,
 ) -> dict:
-    """Runs the training program to completion. Raises TrainingProcessError if it fails or is killed; a config
-    error (exit 2) is returned, not raised: ``run_on_pod`` retries every exception, and a retry cannot fix a config."""
+    """Runs the training program to completion. Raises TrainingProcessError if it crashes or is killed; a stop the
+    run decided (a config error, a non-finite stop, exhausted data, unusable checkpoint storage, a failed eval: see
+    ``training/errors.py``) is returned with its code, not raised: ``run_on_pod`` retries every exception, and a retry
+    would stop the same way."""
+    started = time.time()  # the goodput record's start of this attempt: the launcher's clock, before the interpreter
     host = socket.gethostname()
     env = training_environment(os.environ, secrets, local is not None, launch_id)
+    env[ATTEMPT_STARTED_ENV] = repr(started)
     argv = list(train_argv)
     if local is not None:
         flags, extra_env = local_host_setup(local, os.environ)
@@ -108,9 +113,8 @@ def run_host(
         if proc.poll() is None:  # this task is being cancelled: take the training process down with it
             proc.kill()
             proc.wait()
-    if code not in (0, CONFIG_ERROR_EXIT_CODE):
-        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-        raise TrainingProcessError(f"training process {proc.pid} on {host} ended with {how}")
+    if is_retried(code):
+        raise TrainingProcessError(f"training process {proc.pid} on {host} ended with {describe_exit(code)}")
     return {"host": host, "pid": proc.pid, "returncode": code}
 
 

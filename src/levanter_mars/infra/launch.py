@@ -33,7 +33,6 @@ def wants_private_cluster(launch: RayLaunchConfig, environ=os.environ) -> bool:
 
 def run_job(job, address: str, launch: RayLaunchConfig, label: str, private: bool = False) -> int:
     """Submits ``job`` and (unless ``--follow false``) streams its log; returns the launcher's exit code."""
-    from levanter_mars.infra.host import CONFIG_ERROR_EXIT_CODE
     from levanter_mars.infra.ray_job import driver_exit_code, follow, how_to_watch, submit
 
     try:
@@ -59,8 +58,15 @@ def run_job(job, address: str, launch: RayLaunchConfig, label: str, private: boo
     print(f"Ray job {submission}: {status}")
     if status == "SUCCEEDED":
         return 0
-    # The driver ends with the training program's exit 2 on a config error (not retried): so does the launcher.
-    return CONFIG_ERROR_EXIT_CODE if driver_exit_code(submission, address) == CONFIG_ERROR_EXIT_CODE else 1
+    return launch_exit_code(driver_exit_code(submission, address))
+
+
+def launch_exit_code(driver_code: Optional[int]) -> int:
+    """The driver ends with the run's own exit code when the run stopped for a reason it decided (a config error, a
+    non-finite stop, ...: training/errors.py), and so does the launcher; anything else is a failure (1)."""
+    from levanter_mars.training.errors import DECIDED_STOPS
+
+    return driver_code if driver_code in DECIDED_STOPS else 1
 
 
 class Terminated(KeyboardInterrupt):

@@ -3,6 +3,7 @@ credentials to forward. Shared by the Ray launcher and the plain-gcloud launcher
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import os
@@ -39,6 +40,8 @@ class PreparedRun:
     mesh: MeshPlan
     secrets: Mapping[str, str]
     """Values of ``job.secret_env`` found in the environment: passed on, never printed."""
+    checks_skipped: tuple[str, ...] = ()
+    """What the validation could not check from here (a dry run contacts nothing and writes nothing)."""
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -52,6 +55,7 @@ class PreparedRun:
             "secrets_forwarded": {name: REDACTED for name in sorted(self.secrets)},
             "secrets_not_set": sorted(set(self.job.secret_env) - set(self.secrets)),
             "training_command": ["python", "-m", "levanter_mars.main.train_lm", *self.train_argv],
+            "validation": {"as training runs it": "every check", "not checked here": list(self.checks_skipped)},
             **({"local_pod": self._local_pod()} if self.slice.is_local else {}),
         }
 
@@ -107,7 +111,8 @@ def _check_for_pod(config: TrainAndEvalConfig) -> None:
 def prepare(
     job: JobConfig, overrides: Sequence[str], *, working_dir: str = ".", environ: Mapping[str, str] = os.environ
 ) -> PreparedRun:
-    """Parses, validates and plans; contacts nothing. Raises LaunchError or ConfigError naming the field."""
+    """Parses, validates (as the training program does) and plans. Raises LaunchError or ConfigError naming the field.
+    A dry run contacts nothing and writes nothing: it skips the checks that would (and lists them)."""
     kind = launch_slice(job.tpu_type, getattr(job, "num_hosts", 1), getattr(job, "devices_per_host", None))
     if kind.is_local and job.num_slices != 1:
         raise LaunchError(f"--num_slices {job.num_slices}: the local engine ({job.tpu_type}) has one slice")
@@ -123,18 +128,20 @@ def prepare(
     run_id = job.run_id or stable_run_id(config)
     config.trainer.id = run_id
 
-    validation.check_placeholders(config)
-    validation.check_trainer(config.trainer)
-    validation.check_model(config.model)
-    validation.check_optimizer(config.optimizer, config.trainer.num_train_steps)
-    mesh = plan_mesh(config.trainer, kind.devices, job.num_slices)
-    validation.check_mesh(config.trainer, mesh.devices)
+    # The training program's own validation (training/validation.py), for the slice's devices, where the hosts will
+    # run it: what would stop the run there stops the launch here, before anything is submitted or compiled.
+    validation.check_fields(config)
+    mesh = plan_mesh(config.trainer, kind.devices, job.num_slices)  # names --num_slices where slices do not fit
     if not kind.is_local:
         _check_for_pod(config)
+    with contextlib.chdir(working_dir):
+        skipped = validation.check_surroundings(
+            config, device_count=mesh.devices, offline=job.dry_run, probe_writes=not job.dry_run, elsewhere=True
+        )
 
     secrets = {name: environ[name] for name in job.secret_env if environ.get(name)}
     train_argv = ("--config_path", job.train_config, *overrides, "--trainer.id", run_id)
-    return PreparedRun(job, kind, config, run_id, train_argv, mesh, secrets)
+    return PreparedRun(job, kind, config, run_id, train_argv, mesh, secrets, tuple(skipped))
 
 
 def prepare_cli(

@@ -9,8 +9,10 @@ with ``--trainer.distributed.*`` flags and a fresh coordinator port per attempt,
 crash of the training program is an ordinary failure of the Ray task (retried as a failure), while losing the host
 or its Ray worker is a preemption. Every attempt uses the same run id and so resumes from the newest checkpoint.
 
-Only what can succeed on a retry is retried: a config error (the training program's exit 2) ends the launch at
-once, and one-shot actions (``fresh=true``) happen once per launch: every attempt gets this driver's launch id.
+Only what can succeed on a retry is retried: a crash, a lost host, a preemption. A stop the run decided (a config
+error, a non-finite stop, exhausted data, unusable checkpoint storage, a failed eval: ``training/errors.py``) ends the
+launch at once with the run's own exit code, and one-shot actions (``fresh=true``) happen once per launch: every
+attempt gets this driver's launch id.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from levanter.infra.ray_tpu import run_on_pod
 
 from levanter_mars.compat.ray_jobs import RAY_JOB_CONFIG_JSON_ENV_VAR
 from levanter_mars.infra.config import SECRET_METADATA_PREFIX, LaunchError, split_overrides
-from levanter_mars.infra.host import CONFIG_ERROR_EXIT_CODE, LocalHost, host_task
+from levanter_mars.infra.host import LocalHost, host_task
 from levanter_mars.infra.local_node import LOCAL_SLICE_NAME, LOCAL_SLICE_SHAPES
 from levanter_mars.infra.slices import (
     HOST_TASK_CPUS,
@@ -39,6 +41,7 @@ from levanter_mars.infra.slices import (
     head_resource,
     launch_slice,
 )
+from levanter_mars.training.errors import ExitCode, describe_exit
 from levanter_mars.training.run.launch_id import new_launch_id
 
 logger = logging.getLogger("levanter_mars.infra.pod")
@@ -128,7 +131,7 @@ def main(argv: Sequence[str]) -> int:
             local = LocalHost(kind.hosts, kind.devices_per_host, rendezvous)
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return ExitCode.CONFIG_ERROR
     if not kind.is_local and ray.cluster_resources().get(head_resource(kind.name), 0) < pod.num_slices:
         logger.info(
             "waiting for %d x %s: the autoscaler starts slices on demand", pod.num_slices, head_resource(kind.name)
@@ -150,14 +153,21 @@ def main(argv: Sequence[str]) -> int:
         )
     except Exception as e:  # noqa: BLE001 - run_on_pod re-raises the last problem when out of retries
         print(f"error: gave up after retries: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
-    refused = [r for r in results if r.get("returncode") == CONFIG_ERROR_EXIT_CODE]
-    if refused:
-        print(f"config error on {len(refused)} host(s) (see above); not retried: a retry runs the same config",
-              file=sys.stderr)  # fmt: skip
-        return CONFIG_ERROR_EXIT_CODE
-    print(f"training finished on {len(results)} host(s): {results}")
-    return 0
+        return ExitCode.CRASH
+    return run_exit_code(results)
+
+
+def run_exit_code(results: Sequence[dict]) -> int:
+    """The launch's exit code from its last attempt's hosts: 0, or the stop the run decided (every host decides the
+    same; process 0's comes first), which a retry would repeat."""
+    stopped = [r for r in results if r.get("returncode")]
+    if not stopped:
+        print(f"training finished on {len(results)} host(s): {results}")
+        return ExitCode.DONE
+    code = stopped[0]["returncode"]
+    print(f"the run stopped with {describe_exit(code)} on {len(stopped)} host(s) (see above); not retried: a retry "
+          "runs the same config on the same data and stops the same way", file=sys.stderr)  # fmt: skip
+    return code
 
 
 if __name__ == "__main__":

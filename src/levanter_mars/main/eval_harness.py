@@ -1,7 +1,9 @@
 """``python -m levanter_mars.main.eval_harness --config_path config/eval/<suite>.yaml [--checkpoint_path DIR]
 [--train_config_path config/<run>.yaml] [--field value ...]``
 
-Evaluates a checkpoint on an eval suite and writes results.json and results.md (see docs/evals.md).
+Evaluates a checkpoint on an eval suite and writes results.json and results.md (see docs/evals.md). Exit codes as the
+training program's (training/errors.py): 2 a bad config, 5 a checkpoint that cannot be used, 6 task data that cannot
+be loaded, 1 a crash.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Optional, Sequence
 
 from levanter_mars.eval.standalone import EvalHarnessMainConfig, evaluate
 from levanter_mars.eval.suite import EvalDatasetError, TaskSpecError
-from levanter_mars.training.errors import CheckpointError
+from levanter_mars.training.errors import CheckpointError, ExitCode
 from levanter_mars.training.config import ConfigError, config_path_argument, parse_config
 
 
@@ -24,10 +26,10 @@ def cli(argv: Optional[Sequence[str]] = None) -> int:
         result = evaluate(parse_config(argv, EvalHarnessMainConfig), suite=suite)
     except (ConfigError, TaskSpecError) as e:
         print(f"config error: {e}", file=sys.stderr)
-        return 2
+        return ExitCode.CONFIG_ERROR
     except (CheckpointError, EvalDatasetError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return ExitCode.CHECKPOINT_STORAGE if isinstance(e, CheckpointError) else ExitCode.EVAL_FAILED
     if result is not None:
         print(result.written.table, end="")
         print(f"results: {result.written.json_path}\ntable:   {result.written.table_path}")

@@ -2,7 +2,8 @@
 
 Compiles the config's train step with the TPU compiler for the slice's topology, on this machine (no TPU, no
 network), and says whether it fits each chip's HBM. Exit 0: it fits. Exit 2: it does not (the message names what to
-change), or the config is bad, or there is no TPU compiler here. With ``--json`` the last stdout line is one JSON
+change), or the config is bad (the training program's own validation, offline), or there is no TPU compiler here.
+Exit 1: pre-flight itself crashed (a traceback). With ``--json`` the last stdout line is one JSON
 object (sizes in bytes). The order: parse and check the config and the slice, build the trainer's step on the
 slice's abstract devices, compile, report.
 """
@@ -41,19 +42,18 @@ def vocabulary(data_config) -> tuple[int, Optional[int]]:
     return len(tokenizer), tokenizer.eos_token_id
 
 
-def check(config, devices: int) -> None:
+def check(config, devices: int) -> list[str]:
+    """The training program's own validation, for the slice's devices, offline (returns what that skips)."""
     from levanter_mars.training import validation
 
-    validation.check_trainer(config.trainer)
-    validation.check_model(config.model)
-    validation.check_optimizer(config.optimizer, config.trainer.num_train_steps)
-    validation.check_mesh(config.trainer, devices)
+    return validation.validate(config, device_count=devices, offline=True, elsewhere=True)
 
 
 def preflight(config_path: str, tpu_type: str, num_slices: int = 1, overrides: Sequence[str] = ()) -> Verdict:
     """Raises ConfigError/LaunchError (bad input) or PreflightError (no compiler) before compiling anything."""
     from levanter_mars.infra.preflight.eval_steps import lower_eval_programs
     from levanter_mars.program_config import parse_train_config
+    from levanter_mars.training.run.identity import stable_run_id
     from levanter_mars.infra.preflight.step import compile_program, lower_train_step
 
     seconds = {}
@@ -62,6 +62,7 @@ def preflight(config_path: str, tpu_type: str, num_slices: int = 1, overrides: S
         raise LaunchError(f"--num_slices must be >= 1, got {num_slices}")
     target = tpu_target(slice_type(tpu_type))
     config = parse_train_config(["--config_path", config_path, *overrides])
+    config.trainer.id = stable_run_id(config)
     check(config, target.devices * num_slices)
     vocab, eos = vocabulary(config.data)
     devices = abstract_devices(target, num_slices)

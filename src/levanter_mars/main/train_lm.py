@@ -1,8 +1,9 @@
 """``python -m levanter_mars.main.train_lm --config_path config/<file>.yaml [--section.field value ...]``
 
 The program's order, on one process or on every host of a pod alike: parse; start ``jax.distributed`` (nothing
-touches a JAX backend before it); validate; prepare what is shared (corpus, token caches, set-asides, the resume
-decision: process 0 acts, the others wait for its answer); build; train; summarize (process 0).
+touches a JAX backend before it); validate; point JAX at the run's compilation cache; prepare what is shared (corpus,
+token caches, set-asides, the resume decision: process 0 acts, the others wait for its answer); build; train; summarize
+(process 0). The exit code says how it ended (``training/errors.py``).
 """
 
 from __future__ import annotations
@@ -18,17 +19,15 @@ from levanter_mars.compat.tracking import only_process_zero_tracks, wandb_offlin
 from levanter_mars.eval import in_training
 from levanter_mars.eval.suite import EvalDatasetError, TaskSpecError
 from levanter_mars.program_config import TrainAndEvalConfig, parse_train_config
-from levanter_mars.training import distributed, validation
-from levanter_mars.training.data import cache_check
-from levanter_mars.training.data import sources as data
-from levanter_mars.training.run import fresh
-from levanter_mars.training.data import pydocs_corpus
-from levanter_mars.training.errors import CheckpointError
-from levanter_mars.training.config import ConfigError
-from levanter_mars.training.errors import DataExhaustedError, NonFiniteTrainingError
-from levanter_mars.training.run.identity import checkpoint_dir, describe_run, run_dir, stable_run_id
-from levanter_mars.training.lm import train_lm
+from levanter_mars.training import compilation_cache, distributed, validation
 from levanter_mars.training.checkpointing.resume import plan_resume
+from levanter_mars.training.config import ConfigError
+from levanter_mars.training.data import cache_check, pydocs_corpus
+from levanter_mars.training.data import sources as data
+from levanter_mars.training.errors import ERROR_EXIT_CODES, ExitCode
+from levanter_mars.training.lm import train_lm
+from levanter_mars.training.run import fresh
+from levanter_mars.training.run.identity import checkpoint_dir, describe_run, run_dir, stable_run_id
 from levanter_mars.training.run.summary import RunSummary, summarize
 
 logger = logging.getLogger(__name__)
@@ -47,6 +46,7 @@ def main(config: TrainAndEvalConfig) -> Optional[RunSummary]:
     if config.embedded_corpus:
         distributed.leader_decides(lambda: bool(pydocs_corpus.prepare(config.embedded_corpus)))
     validation.validate(config)
+    compilation_cache.enable(config.trainer)
     wandb_offline_unless_configured(config.trainer)
     only_process_zero_tracks(config.trainer)
 
@@ -79,11 +79,16 @@ def _eval_hooks(config: TrainAndEvalConfig):
     return add
 
 
-#: Exit codes: 2 for a bad config (nothing ran), 1 for a run that stopped with a reason it reports.
-_EXIT_CODES = (
-    (ConfigError, 2), (TaskSpecError, 2),
-    (CheckpointError, 1), (NonFiniteTrainingError, 1), (DataExhaustedError, 1), (EvalDatasetError, 1),
-)  # fmt: skip
+#: The entry point's errors and their codes, after those of the training layer (training/errors.py has the table).
+_EXIT_CODES = ((ConfigError, ExitCode.CONFIG_ERROR), (TaskSpecError, ExitCode.CONFIG_ERROR),
+               (EvalDatasetError, ExitCode.EVAL_FAILED), *ERROR_EXIT_CODES)  # fmt: skip
+
+
+def exit_code(error: BaseException) -> int:
+    """The exit code of a run that ended with ``error``: a stop it decided, or a crash (1)."""
+    if isinstance(error, KeyboardInterrupt):
+        return 130
+    return next((code for cls, code in _EXIT_CODES if isinstance(error, cls)), ExitCode.CRASH)
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:
@@ -91,19 +96,18 @@ def cli(argv: Optional[Sequence[str]] = None) -> int:
     try:
         summary = main(parse_train_config(argv))
     except Exception as e:  # noqa: BLE001 - reported, then the exit code says which kind
-        code = next((c for cls, c in _EXIT_CODES if isinstance(e, cls)), None)
-        if code is None:
+        code = exit_code(e)
+        if code == ExitCode.CRASH:
             if not distributed.is_multiprocess():
                 raise
             logger.exception("Training failed")
-            code = 1
-        print(f"{'config error' if code == 2 else 'error'}: {e}", file=sys.stderr)
+        print(f"{'config error' if code == ExitCode.CONFIG_ERROR else 'error'}: {e}", file=sys.stderr)
         if distributed.is_multiprocess():
             distributed.exit_now(code)
         return code
     if summary is not None:
         print(summary.describe())
-    return 0
+    return ExitCode.DONE
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import levanter_mars.optim.levanter_config  # noqa: F401  (registers mars-adamw,
 from levanter_mars.compat.cli import argparse_errors_raise
 from levanter_mars.optim.levanter_config import MarsAdamWConfig
 from levanter_mars.training.data.config import DataConfig, UrlDataConfig
-from levanter_mars.training.distributed import shared_error
+from levanter_mars.training.errors import shared_error
 from levanter_mars.training.trainer import MarsTrainerConfig
 
 

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from levanter_mars.compat import jax_distributed
+from levanter_mars.training.errors import shared_error_class
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -50,16 +51,9 @@ def is_leader() -> bool:
 
 
 def is_multiprocess() -> bool:
-    return jax.process_count() > 1
-
-
-_shared_errors: dict[str, type[Exception]] = {}
-
-
-def shared_error(cls: type[Exception]) -> type[Exception]:
-    """Registers an error class that process 0 may raise in :func:`leader_decides`: the others raise it too."""
-    _shared_errors[cls.__name__] = cls
-    return cls
+    # Without jax.distributed there is one process: asking JAX would start a backend (the launcher validates configs
+    # without one).
+    return jax.distributed.is_initialized() and jax.process_count() > 1
 
 
 def leader_decides(decide: Callable[[], T]) -> T:
@@ -79,7 +73,7 @@ def leader_decides(decide: Callable[[], T]) -> T:
     if "error" in outcome:
         if is_leader():
             raise leader_error
-        raise _shared_errors.get(outcome["error"], RuntimeError)(outcome["message"])
+        raise shared_error_class(outcome["error"])(outcome["message"])
     return outcome["value"]
 
 

@@ -1,8 +1,74 @@
-"""Why a run stops: each error is raised on every process alike, and the entry point maps it to an exit code."""
+"""Why a run stops, and the exit code that says so.
+
+Each error is raised on every process alike (process 0's decisions reach the others through
+:func:`~levanter_mars.training.distributed.leader_decides`), and the entry point maps it to an exit code. A launcher
+reads the code to decide whether a retry can help: it retries a crash (1, or a process killed by a signal), a lost host
+and a preemption, and ends the launch with any other code, which it then exits with itself.
+
+| code | meaning | retried by a launcher |
+| --- | --- | --- |
+| 0 | done (or already complete) | - |
+| 1 | crash: an error the run did not decide (a bug, a lost peer, an out-of-memory kill reads as a signal) | yes |
+| 2 | config error: nothing was trained; the message names the field or file | no |
+| 3 | non-finite stop: a NaN/Inf with `trainer.nonfinite: stop`, or too many skipped steps in a row | no |
+| 4 | data exhausted before `trainer.num_train_steps` (the last checkpoint was saved) | no |
+| 5 | checkpoint storage unusable: a checkpoint cannot be written (disk full) or resumed (another optimizer) | no |
+| 6 | eval failed, with `eval_harness_failure: stop` (the default, `continue`, logs it and trains on) | no |
+
+Light on purpose: the Ray host task imports this module, and must not import JAX.
+"""
 
 from __future__ import annotations
 
-from levanter_mars.training.distributed import shared_error
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    DONE = 0
+    CRASH = 1
+    CONFIG_ERROR = 2
+    NONFINITE_STOP = 3
+    DATA_EXHAUSTED = 4
+    CHECKPOINT_STORAGE = 5
+    EVAL_FAILED = 6
+
+
+#: Codes of runs that ended for a reason they report: a retry runs the same config on the same data and storage, and
+#: stops the same way. Anything else that is not 0 (1, a signal, an unknown code) is a crash: worth a retry.
+DECIDED_STOPS = frozenset(code for code in ExitCode if code not in (ExitCode.DONE, ExitCode.CRASH))
+
+
+def describe_exit(code: int) -> str:
+    """``"exit 3 (non-finite stop)"``, ``"signal SIGKILL"``: for logs and the goodput record."""
+    import signal
+
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    try:
+        return f"exit {code} ({ExitCode(code).name.lower().replace('_', ' ')})"
+    except ValueError:
+        return f"exit {code}"
+
+
+def is_retried(code: int) -> bool:
+    """Whether a launcher should retry an attempt that ended with ``code`` (a crash or a signal)."""
+    return code != ExitCode.DONE and code not in DECIDED_STOPS
+
+
+_shared_errors: dict[str, type[Exception]] = {}
+
+
+def shared_error(cls: type[Exception]) -> type[Exception]:
+    """Registers an error class that process 0 may raise while deciding for every host: the others raise it too."""
+    _shared_errors[cls.__name__] = cls
+    return cls
+
+
+def shared_error_class(name: str) -> type[Exception]:
+    return _shared_errors.get(name, RuntimeError)
 
 
 @shared_error
@@ -18,3 +84,21 @@ class DataExhaustedError(RuntimeError):
 @shared_error
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be used or written; the message names it and says why."""
+
+
+@shared_error
+class EvalFailedError(RuntimeError):
+    """An in-training evaluation failed and ``eval_harness_failure`` is ``stop``."""
+
+
+#: ``eval_harness_failure``: what a failed in-training evaluation does (logged and counted either way).
+EVAL_FAILURE_POLICIES = ("continue", "stop")
+
+
+#: The error classes of this layer and their codes (the entry point adds its config and eval errors).
+ERROR_EXIT_CODES: tuple[tuple[type[Exception], ExitCode], ...] = (
+    (NonFiniteTrainingError, ExitCode.NONFINITE_STOP),
+    (DataExhaustedError, ExitCode.DATA_EXHAUSTED),
+    (CheckpointError, ExitCode.CHECKPOINT_STORAGE),
+    (EvalFailedError, ExitCode.EVAL_FAILED),
+)

@@ -50,6 +50,9 @@ def _default_tracker() -> TrackerConfig:
 class MarsTrainerConfig(TrainerConfig):
     """Levanter's TrainerConfig with safer defaults and the settings of :class:`MarsTrainer`."""
 
+    compilation_cache: Optional[str] = None
+    """Where compiled programs are kept for retries and resumes: a directory or URL, or 'none'. Unset:
+    $JAX_COMPILATION_CACHE_DIR if set, else <checkpointer.base_path>/compile-cache (training/compilation_cache.py)."""
     nonfinite: str = "skip"
     """What a NaN/Inf in the loss, gradients, update or optimizer state does: 'skip' the update (counted as
     optim/skipped_steps) or 'stop' the run. Either way it never reaches the parameters or a checkpoint."""

@@ -19,8 +19,8 @@ import optax
 
 from levanter_mars.training.checkpointing.storage import check_writable
 from levanter_mars.training.config import ConfigError, TrainLmConfig
-from levanter_mars.training.data.sources import empty_data_paths, missing_data_paths
-from levanter_mars.training.errors import CheckpointError
+from levanter_mars.training.data.checks import check_data
+from levanter_mars.training.errors import EVAL_FAILURE_POLICIES, CheckpointError
 from levanter_mars.training import distributed
 from levanter_mars.training.nonfinite import NONFINITE_POLICIES
 
@@ -204,50 +204,33 @@ def check_placeholders(config: TrainLmConfig) -> None:
             raise ConfigError(f"{name} is still the placeholder {value!r}: set it to your bucket or a local path")
 
 
-def check_data(data) -> None:
-    problems = missing_data_paths(data) or empty_data_paths(data)
-    if problems:
-        raise ConfigError("; ".join(problems))
-    tokenizer = getattr(data, "tokenizer", None)
-    if tokenizer and tokenizer != "passthrough":
-        looks_local = tokenizer.startswith((".", "/", "~")) or os.path.exists(os.path.expanduser(tokenizer))
-        if looks_local and not os.path.isdir(os.path.expanduser(tokenizer)):
-            raise ConfigError(f"data.tokenizer: no such tokenizer directory {tokenizer!r}")
-        try:
-            data.the_tokenizer  # noqa: B018 - loads (and caches) it
-        except Exception as e:  # noqa: BLE001
-            offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-            hint = " (HF_HUB_OFFLINE=1: only local or cached tokenizers load)" if offline else ""
-            raise ConfigError(f"data.tokenizer: cannot load {tokenizer!r}{hint}: {type(e).__name__}: {e}") from e
+def check_storage(config: TrainLmConfig, *, offline: bool = False, probe_writes: bool = True) -> list[str]:
+    """Where the run writes: the checkpoint directory, the HF exports and the compilation cache. Process 0 probes them
+    (shared storage); every process gets its verdict. Returns the probes skipped (``offline``: bucket paths; without
+    ``probe_writes``: all of them)."""
+    from levanter_mars.training.compilation_cache import resolve
 
-
-def check_checkpoint_path(config: TrainLmConfig) -> None:
-    """Process 0 probes the (shared) checkpoint directory; every process gets its verdict."""
-    path = config.trainer.checkpointer.expanded_path(config.trainer.id or "run")
+    checkpoints = config.trainer.checkpointer.expanded_path(config.trainer.id or "run")
+    targets = [("trainer.checkpointer.base_path", checkpoints, "checkpoints")]
+    if getattr(config, "hf_save_path", None) is not None and getattr(config, "hf_save_steps", None) is not None:
+        targets.append(("hf_save_path", config.hf_save_path, "HF exports"))
+    cache = resolve(config.trainer)
+    if cache.path is not None:
+        targets.append((cache.source, cache.path, "compiled programs"))
+    skipped = [f"{field} {path!r} (a write probe)" for field, path, _ in targets
+               if not probe_writes or (offline and "://" in str(path))]  # fmt: skip
+    probed = [t for t in targets if probe_writes and not (offline and "://" in str(t[1]))]
 
     def probe() -> None:
-        try:
-            check_writable(path)
-        except CheckpointError as e:
-            raise ConfigError(str(e)) from e
+        for field, path, what in probed:
+            try:
+                check_writable(str(path), field=field, what=what)
+            except CheckpointError as e:
+                raise ConfigError(str(e)) from e
 
-    distributed.leader_decides(probe)
-
-
-def check_hf_save_path(config: TrainLmConfig) -> None:
-    """The HF export is written during training (every ``hf_save_steps``): an unwritable ``hf_save_path`` would stop
-    the run there, and every retry after it. Probed like the checkpoint directory, by process 0."""
-    path = getattr(config, "hf_save_path", None)
-    if path is None or getattr(config, "hf_save_steps", None) is None:
-        return
-
-    def probe() -> None:
-        try:
-            check_writable(path)
-        except CheckpointError as e:
-            raise ConfigError(f"hf_save_path: cannot write HF exports to {path!r} ({e.__cause__})") from e
-
-    distributed.leader_decides(probe)
+    if probed:
+        distributed.leader_decides(probe)
+    return skipped
 
 
 #: Fields of Levanter's TrainLmConfig that this entry point does not implement.
@@ -259,6 +242,9 @@ UNSUPPORTED = {
 
 
 def check_supported(config: TrainLmConfig) -> None:
+    policy = getattr(config, "eval_harness_failure", EVAL_FAILURE_POLICIES[0])
+    if policy not in EVAL_FAILURE_POLICIES:
+        raise ConfigError(f"eval_harness_failure must be one of {EVAL_FAILURE_POLICIES}, got {policy!r}")
     for name, instead in UNSUPPORTED.items():
         if getattr(config, name, False):
             raise ConfigError(f"{name} is not supported by levanter_mars.main.train_lm: {instead}")
@@ -273,14 +259,35 @@ def check_supported(config: TrainLmConfig) -> None:
             )
 
 
-def validate(config: TrainLmConfig, *, device_count: int | None = None) -> None:
-    """All checks, cheapest first. Raises :class:`ConfigError`."""
+def check_fields(config: TrainLmConfig) -> None:
+    """What the config alone decides, cheapest first."""
     check_placeholders(config)
     check_supported(config)
     check_trainer(config.trainer)
     check_model(config.model)
     check_optimizer(config.optimizer, config.trainer.num_train_steps)
+
+
+def check_surroundings(
+    config: TrainLmConfig, *, device_count: int | None = None, offline: bool = False, probe_writes: bool = True,
+    elsewhere: bool = False,
+) -> list[str]:
+    """What the config asks of the devices, the data and the storage. Returns the checks skipped. ``elsewhere``: the
+    check is made for a run on other machines (the launcher, pre-flight)."""
     check_mesh(config.trainer, device_count)
-    check_data(config.data)
-    check_checkpoint_path(config)
-    check_hf_save_path(config)
+    corpus = getattr(config, "embedded_corpus", None)
+    unbuilt = corpus if corpus and not os.path.exists(os.path.join(corpus, "corpus.json")) else None
+    skipped = check_data(config.data, offline=offline, built_by_the_run=unbuilt, elsewhere=elsewhere)
+    return skipped + check_storage(config, offline=offline, probe_writes=probe_writes)
+
+
+def validate(
+    config: TrainLmConfig, *, device_count: int | None = None, offline: bool = False, probe_writes: bool = True,
+    elsewhere: bool = False,
+) -> list[str]:
+    """All checks, wherever a config is checked: training, the launcher, pre-flight. Raises :class:`ConfigError`.
+    ``offline``: skip what needs the network (pre-flight, a dry run); ``probe_writes``: False to write nothing (a dry
+    run); ``elsewhere``: checked for a run on other machines. Returns the checks skipped, for the caller to say so."""
+    check_fields(config)
+    return check_surroundings(config, device_count=device_count, offline=offline, probe_writes=probe_writes,
+                              elsewhere=elsewhere)  # fmt: skip

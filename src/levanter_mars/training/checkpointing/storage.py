@@ -34,8 +34,10 @@ def write_text(fs: fsspec.AbstractFileSystem, path: str, text: str) -> None:
         f.write(text)
 
 
-def check_writable(directory: str) -> None:
-    """Fails fast, naming the path, if checkpoints could not be written there."""
+def check_writable(
+    directory: str, *, field: str = "trainer.checkpointer.base_path", what: str = "checkpoints"
+) -> None:
+    """Fails fast, naming the field and the path, if ``what`` could not be written there."""
     fs, root = fs_and_path(directory)
     probe = posixpath.join(root, f".write_probe_{os.getpid()}")
     try:
@@ -45,5 +47,5 @@ def check_writable(directory: str) -> None:
         fs.rm(probe)
     except Exception as e:  # noqa: BLE001 - any failure here means the same thing to the user
         raise CheckpointError(
-            f"trainer.checkpointer.base_path: cannot write checkpoints to {directory!r} ({type(e).__name__}: {e})"
+            f"{field}: cannot write {what} to {directory!r} ({type(e).__name__}: {e})"
         ) from e

@@ -76,14 +76,19 @@ def cache_exists(cache_dir: str | None, split: str) -> bool:
     return fsspec.core.url_to_fs(ledger)[0].exists(ledger)
 
 
-def missing_data_paths(data) -> list[str]:
-    """Messages for local data files that do not exist and have no token cache to fall back on."""
+def missing_data_paths(data, *, offline: bool = False, skipped: list[str] | None = None) -> list[str]:
+    """Messages for local data files that do not exist and have no token cache to fall back on. ``offline``: a token
+    cache in a bucket is not looked at, and the files it could stand for are noted in ``skipped``."""
     problems = []
     for name, component in data_sources(data):
         for split in SPLITS:
             urls: Iterable[str] = getattr(component, f"{split}_urls", None) or ()
             missing = [(i, url) for i, url in enumerate(urls) if is_local(url) and not expand_local(url)]
             cache_dir = component_cache_dir(data, component, name)
+            if missing and offline and cache_dir and not is_local(cache_dir):
+                if skipped is not None:
+                    skipped.append(f"{name}.{split}_urls (missing here; a token cache in {cache_dir} may stand in)")
+                continue
             if missing and cache_exists(cache_dir, split):
                 # Legitimate (the raw files may be deleted once tokenized), but the cache, not the URLs, is used.
                 logger.warning(

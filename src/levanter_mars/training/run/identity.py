@@ -13,8 +13,10 @@ from levanter.distributed import DistributedConfig
 from levanter.optim import OptimizerConfig
 
 # Fields that do not change what is trained, and so do not change the derived run id.
-_ID_EXCLUDED = ("fresh", "plot")
-_TRAINER_ID_EXCLUDED = ("id", "tracker", "log_dir", "checkpointer", "load_checkpoint", "load_checkpoint_path", "ray")
+_ID_EXCLUDED = ("fresh", "plot", "eval_harness_failure")
+_TRAINER_ID_EXCLUDED = (
+    "id", "tracker", "log_dir", "checkpointer", "load_checkpoint", "load_checkpoint_path", "ray", "compilation_cache",
+)  # fmt: skip
 _DATA_ID_EXCLUDED = ("rebuild_cache",)  # the same data either way: rebuilding a cache must not start a new run
 
 

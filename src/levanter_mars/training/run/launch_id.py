@@ -3,6 +3,8 @@ the Ray host task, which must not import JAX)."""
 
 #: A launch's id, the same for every attempt of it; unset for a plain command, where each invocation is a launch.
 LAUNCH_ID_ENV = "LEVANTER_MARS_LAUNCH_ID"
+#: When the launcher started this attempt (seconds since the epoch): the goodput record's start of the attempt.
+ATTEMPT_STARTED_ENV = "LEVANTER_MARS_ATTEMPT_STARTED"
 
 
 def new_launch_id() -> str:

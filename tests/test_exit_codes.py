@@ -1,0 +1,64 @@
+"""Exit codes with meaning (training/errors.py): each stop the run decides has its own code, 1 is a crash, and every
+launcher (the Ray pod driver and launcher, the plain-gcloud loop) retries crashes only and ends with the run's own
+code. The table is the same in errors.py, the README and docs/reliability.md. (The codes of real runs:
+tests/test_reliability.py, tests/test_infra_local_ray.py.)"""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from levanter_mars.eval.suite import EvalDatasetError, TaskSpecError
+from levanter_mars.infra import launch, pod
+from levanter_mars.main.train_lm import exit_code
+from levanter_mars.training.config import ConfigError
+from levanter_mars.training.errors import (
+    DECIDED_STOPS,
+    CheckpointError,
+    DataExhaustedError,
+    EvalFailedError,
+    ExitCode,
+    NonFiniteTrainingError,
+    is_retried,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("error,code", [
+    (ConfigError("x"), 2), (TaskSpecError("x"), 2), (NonFiniteTrainingError("x"), 3), (DataExhaustedError("x"), 4),
+    (CheckpointError("x"), 5), (EvalFailedError("x"), 6), (EvalDatasetError("x"), 6), (RuntimeError("bug"), 1),
+    (OSError("lost a peer"), 1),
+])  # fmt: skip
+def test_each_stop_the_run_decides_has_its_own_code_and_anything_else_is_a_crash(error, code):
+    assert exit_code(error) == code
+
+
+def test_launchers_retry_crashes_and_signals_only():
+    assert [c for c in range(-15, 140) if not is_retried(c)] == [0, 2, 3, 4, 5, 6]
+    assert DECIDED_STOPS == {2, 3, 4, 5, 6}
+
+
+def test_the_pod_driver_and_the_launcher_end_with_the_runs_own_code(capsys):
+    assert pod.run_exit_code([{"returncode": 0}, {"returncode": 0}]) == 0
+    assert pod.run_exit_code([{"returncode": 3}, {"returncode": 3}]) == 3
+    assert "exit 3 (nonfinite stop)" in capsys.readouterr().err
+    # The launcher reads the driver's exit code: a run's own stop is passed on, anything else is a failure.
+    assert [launch.launch_exit_code(c) for c in (2, 3, 4, 5, 6)] == [2, 3, 4, 5, 6]
+    assert [launch.launch_exit_code(c) for c in (None, 1, 137, -9)] == [1, 1, 1, 1]
+
+
+def _table(text: str) -> dict[int, str]:
+    return {int(m.group(1)): m.group(2).strip() for m in re.finditer(r"^\| (\d) \| ([^|]+?) \|", text, re.M)}
+
+
+def test_the_table_is_the_same_in_the_code_the_readme_and_the_reliability_doc():
+    import levanter_mars.training.errors as errors
+
+    tables = {name: _table(text) for name, text in {
+        "errors.py": errors.__doc__, "README.md": (REPO / "README.md").read_text(),
+        "docs/reliability.md": (REPO / "docs" / "reliability.md").read_text(),
+    }.items()}  # fmt: skip
+    assert sorted(tables["errors.py"]) == [int(c) for c in ExitCode], tables["errors.py"]
+    for name, table in tables.items():
+        assert table == tables["errors.py"], name

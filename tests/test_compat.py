@@ -8,6 +8,7 @@ import importlib.metadata
 import inspect
 import json
 import os
+import types
 import warnings
 
 import equinox as eqx
@@ -887,3 +888,53 @@ def test_defect_36_levanter_tells_missing_paths_from_a_missing_checkpoint_only_b
     assert levanter_training.missing_checkpoint_paths(not_stored.value) == [str(tmp_path / "ckpt" / "b")]
     assert levanter_training.missing_checkpoint_paths(no_checkpoint.value) is None
     assert levanter_training.missing_checkpoint_paths(FileNotFoundError("Missing paths: not a list")) is None
+
+
+class _Worker:
+    """Stands in for Levanter's harness worker: records whether process 0 released the others (STOP)."""
+
+    stops: list = []
+
+    def __init__(self, *args, **kwargs):
+        self.sample_logging_config = self.profiler_config = None
+
+    def make_harness_lm(self):
+        return types.SimpleNamespace(leader=self, clear_sample_outputs=lambda: None)
+
+    def stop(self):
+        _Worker.stops.append(True)
+
+
+def test_defect_39_a_failure_in_lm_eval_never_releases_the_harness_workers_and_the_workaround_does(monkeypatch):
+    import levanter.eval_harness as harness
+
+    def failing_evaluate(lm, *args, **kwargs):
+        raise ValueError("a task failed while scoring")
+
+    monkeypatch.setattr(harness, "_LmEvalHarnessWorker", _Worker)
+    monkeypatch.setattr(harness.evaluator, "evaluate", failing_evaluate)
+    model = types.SimpleNamespace(Pos=hax.Axis("position", 8))
+    run = lambda: harness._actually_run_eval_harness(  # noqa: E731
+        harness.LmEvalHarnessConfig(task_spec=[]), model, {}, None, hax.Axis("batch", 2), {}, None
+    )
+    _Worker.stops.clear()
+    with pytest.raises(ValueError, match="while scoring"):
+        run()
+    assert _Worker.stops == [], "the other processes would wait for requests forever"
+    with pytest.raises(ValueError, match="while scoring"), lm_eval_harness.workers_released_on_failure():
+        run()
+    assert _Worker.stops == [True]
+
+
+def test_defect_39_lm_eval_does_not_name_the_task_that_failed_and_the_workaround_finds_it(monkeypatch):
+    from levanter.eval_harness import LmEvalHarnessConfig
+
+    monkeypatch.chdir(REPO_ROOT)
+    with lm_eval_harness.lm_eval_task_manager([str(LOCAL_TASK.parent)], include_defaults=False):
+        task = LmEvalHarnessConfig(task_spec=["pydocs_mc"]).to_task_dict()["pydocs_mc"]
+    doc = task.test_docs()[0]
+    with pytest.raises(Exception) as error:  # scoring with results of the wrong shape fails inside the task
+        task.process_results(doc, [None])
+    assert "pydocs_mc" not in str(error.value)
+    assert lm_eval_harness.failing_task(error.value) == "pydocs_mc"
+    assert lm_eval_harness.failing_task(ValueError("the model failed")) is None

@@ -111,3 +111,19 @@ def test_the_filter_is_on_for_the_affected_jaxlib_only(monkeypatch, jaxlib_versi
 
     monkeypatch.setattr(jaxlib, "__version__", jaxlib_version)
     assert xla_cpu_loader.affected() is expected
+
+
+def test_where_programs_are_cached_and_what_a_failed_eval_does_leave_a_derived_run_id_unchanged():
+    """A run resumes by its derived id: settings that do not change what is trained must not change it, or every run
+    started before them would start over."""
+    from levanter_mars.program_config import parse_train_config
+    from levanter_mars.training.run.identity import stable_run_id
+
+    def derived(*overrides):
+        config = parse_train_config(["--config_path", str(REPO / "config" / "gpt2_tiny_mars.yaml"), *overrides])
+        config.trainer.id = None
+        return stable_run_id(config)
+
+    assert derived() == "gpt2-mars-adamw-c86309e7"  # as 4cb100e derived it
+    assert derived("--trainer.compilation_cache", "none", "--eval_harness_failure", "stop") == derived()
+    assert derived("--trainer.num_train_steps", "31") != derived()

@@ -195,3 +195,32 @@ def test_comparison_script_tables_two_runs(approx_run, eight_device_exact_run, w
         accuracy = f"{100 * _results(_in_training(paths, step))['acc,none']:.2f}"
         assert line == f"| {label} | {accuracy} | {accuracy} |"
     assert proc.stdout == output.read_text()
+
+
+def test_failed_evaluations_are_logged_counted_and_training_finishes(workdir, pydocs_corpus, reference_runs):
+    """Evals never kill training. From the session's reference run's step-20 checkpoint (copied, not retrained), with
+    the suite every 4 steps: at step 24 the task fails while scoring, at step 28 its results cannot be written, at the
+    end it succeeds. On 4cb100e the run ended at step 24 (exit 1)."""
+    from levanter_mars.training.run.goodput import read_record
+    from tests.helpers.faults import prelude
+
+    run_id = "eval-failures"
+    config = include_suite(tiny_config(workdir, pydocs_corpus, run_id, {"eval_harness_steps": 4}))
+    paths = run_paths(workdir, run_id)
+    shutil.copytree(reference_runs["approx"][2]["checkpoints"] / "step-20", paths["checkpoints"] / "step-20")
+    paths["run_dir"].mkdir(parents=True)
+    shutil.copy(reference_runs["approx"][2]["metrics"], paths["metrics"])
+    proc = run_cli(config, prelude=prelude("install_eval_failures", scoring_fails_at_eval=1, writing_fails_at_step=28))
+    assert proc.returncode == 0, describe_failure(proc)
+    log = proc.stdout + proc.stderr
+    assert "eval harness at step 24 failed: pydocs_mc: ValueError: injected: the task's scoring failed" in log
+    assert "eval harness at step 28 failed: (results): cannot write the results" in log and "No space left" in log
+    records = {r["step"]: r for r in read_metrics(paths["metrics"])}
+    assert sorted(records) == list(range(30)), "every step once"
+    assert [records[s].get("eval_harness/failures") for s in (24, 28, 29)] == [1, 2, 2]
+    assert ACC in records[29] and ACC not in records[24]
+    assert [p.name for p in (paths["run_dir"] / "eval" / "in_training").iterdir()] == ["step-29"]
+    (attempt,) = read_record(paths["run_dir"] / "goodput.json")["attempts"]
+    assert [(f["step"], f["task"]) for f in attempt["eval_failures"]] == [(24, "pydocs_mc"), (28, "(results)")]
+    assert attempt["seconds"]["eval"] > 0 and attempt["first_step"] == 21
+    assert "eval failed at step 24 (attempt 1): pydocs_mc: ValueError: injected" in proc.stdout, "the summary lists it"

@@ -182,13 +182,16 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gs_run(workdir, pydocs_corpus, gcs, reference_runs):
-    """The tiny run with checkpoints and token cache on gs://, killed with -9 at a random step, then rerun."""
+    """The tiny run with checkpoints, token cache and compilation cache on gs://, killed with -9 at a random step, then
+    rerun. The compilation cache is the run's own (not the test session's): the killed run compiled, the rerun
+    loaded."""
     run_id = "gs-kill"
     overrides = {
         "data": {"cache_dir": gcs.gs("tokenized")},
         # Temporary checkpoints too, and their deletion once the next one is committed.
-        "trainer": {"checkpointer": {"base_path": gcs.gs("checkpoints"), "save_interval": "3s"}},
-    }
+        "trainer": {"checkpointer": {"base_path": gcs.gs("checkpoints"), "save_interval": "3s"},
+                    "compilation_cache": gcs.gs("compile-cache", run_id)},
+    }  # fmt: skip
     config = cli.tiny_config(workdir, pydocs_corpus, run_id, overrides)
     paths = cli.run_paths(workdir, run_id)
     paths["checkpoints"] = gcs.gs("checkpoints", run_id)
@@ -227,6 +230,21 @@ def test_killed_run_on_gs_resumes_with_losses_bitwise_equal_to_local_disk(gs_run
         cache = gcs.gs("tokenized", split)
         assert gs.exists(f"{_plain(cache)}/shard_ledger.json") and read_record(cache)["split"] == split
     assert "Tokenizing" not in cli.output(rerun)
+    _assert_the_rerun_loaded_its_programs_from_the_bucket(paths, kill_at, gs, gcs)
+
+
+def _assert_the_rerun_loaded_its_programs_from_the_bucket(paths, kill_at, gs, gcs):
+    from levanter_mars.training.run.goodput import read_record
+
+    record = read_record(paths["run_dir"] / "goodput.json")
+    killed, rerun = record["attempts"]
+    print(f"killed at step {kill_at}; goodput.json:", json.dumps(record, indent=1))
+    assert killed["exit_code"] is None and rerun["exit_code"] == 0 and rerun["first_step"] in (11, 21)
+    assert killed["compile_cache"]["stored"] > rerun["compile_cache"]["stored"]
+    assert rerun["compile_cache"]["hits"] > killed["compile_cache"]["hits"]
+    assert rerun["seconds"]["compile"] <= 0.5 * killed["seconds"]["compile"], (killed["seconds"], rerun["seconds"])
+    assert 0 < record["goodput"] < 1
+    assert gs.glob(f"{gcs.bucket}/compile-cache/gs-kill/jit__train_step-*"), "the programs are in the bucket"
 
 
 @pytest.mark.slow

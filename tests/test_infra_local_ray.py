@@ -123,10 +123,16 @@ def test_local_pod_of_two_hosts_survives_a_killed_process_and_resumes_bitwise(wo
     ``--fresh true`` and W&B on. A dead host's retry resumes the run the first attempt started (fresh=true is
     applied once per launch), only process 0 writes a W&B run, Levanter's log is ``<run id>.log``, and nothing of
     the private cluster, its client-server proxy included, is left behind. (A lost Ray worker, a preemption, is
-    retried on its own budget: tests/test_infra_gcloud.py checks the counting.)"""
+    retried on its own budget: tests/test_infra_gcloud.py checks the counting.)
+
+    The run has a compilation cache of its own (not the session's): the retry loads its programs instead of compiling
+    them, and the goodput record (process 0's, completed by the retry for the attempt that died) shows both attempts.
+    On 4cb100e no run had a cache and there was no record."""
     run_id = "pod-killed"
     tracker = {"type": "wandb", "mode": "offline", "project": "pod-workflow"}
-    config = tiny_config(workdir, pydocs_corpus, run_id, {"trainer": {"tracker": tracker}})
+    cache = workdir / "pod-killed-compile-cache"
+    overrides = {"trainer": {"tracker": tracker, "compilation_cache": str(cache)}}
+    config = tiny_config(workdir, pydocs_corpus, run_id, overrides)
     old = _previous_run(workdir, run_id)
     metrics = run_paths(workdir, run_id)["metrics"]
     log_path = workdir / f"{run_id}.launcher.log"
@@ -190,6 +196,25 @@ def test_local_pod_of_two_hosts_survives_a_killed_process_and_resumes_bitwise(wo
     assert not os.path.exists(temp_dir)
     assert not [p.pid for p in psutil.process_iter(["cmdline"]) if any(temp_dir in a for a in p.info["cmdline"] or ())]
     assert not proxies, f"the private cluster's client-server proxy outlived it: {proxies}"
+    _assert_the_retry_loaded_its_programs_and_the_record_has_both_attempts(workdir / "runs" / run_id, cache)
+
+
+def _assert_the_retry_loaded_its_programs_and_the_record_has_both_attempts(run_dir, cache):
+    from levanter_mars.training.run.goodput import read_record
+
+    record = read_record(run_dir / "goodput.json")
+    first, retry = record["attempts"]
+    print("goodput.json:", json.dumps(record, indent=1))
+    assert first["launch_id"] == retry["launch_id"] and (first["attempt"], retry["attempt"]) == (1, 2)
+    assert retry["exit_code"] == 0 and retry["first_step"] == 11 and retry["last_step"] == 29
+    assert first["last_step"] >= 14 and first["seconds"]["lost"] > 0, "the steps after step 10 were trained twice"
+    # (A program compiled twice in one process is a hit the second time, the first attempt's hits included.)
+    assert first["compile_cache"]["stored"] > retry["compile_cache"]["stored"]
+    assert retry["compile_cache"]["hits"] > first["compile_cache"]["hits"]
+    assert retry["seconds"]["compile"] <= 0.5 * first["seconds"]["compile"], (first["seconds"], retry["seconds"])
+    assert 0 < record["goodput"] < 1
+    assert list(cache.glob("jit__train_step-*")), "the cache is where the config says"
+    assert (run_dir / "goodput.png").exists()
 
 
 def test_a_missing_training_file_ends_the_launch_before_any_host_starts(workdir, pydocs_corpus, tmp_path):

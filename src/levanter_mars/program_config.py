@@ -17,6 +17,9 @@ from levanter_mars.training.config import TrainLmConfig, parse_config
 class TrainAndEvalConfig(TrainLmConfig):
     eval_harness: Optional[EvalSuiteConfig] = None
     """An eval suite (e.g. ``!include eval/quick.yaml``), run every ``eval_harness_steps`` and at the end."""
+    eval_harness_failure: str = "continue"
+    """What an evaluation that fails does: 'continue' (logged, counted as eval_harness/failures, tried again at the
+    next evaluation) or 'stop' the run (exit 6)."""
 
 
 def parse_train_config(argv: Sequence[str]) -> TrainAndEvalConfig:

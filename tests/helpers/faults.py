@@ -148,3 +148,37 @@ def install_poisoned_batches(scales: Mapping[int, float | str]) -> None:
         return original_step(self, state, *batch, loss_scale=jnp.asarray(scale, jnp.float32), **batch_kwargs)
 
     MarsTrainer.train_step = train_step
+
+
+def install_eval_failures(scoring_fails_at_eval: int, writing_fails_at_step: int) -> None:
+    """In-training evaluations that fail: the ``scoring_fails_at_eval``-th evaluation (counting from 1) raises inside
+    the task's own scoring (lm-eval's ``process_results``), and writing the results of the evaluation at
+    ``writing_fails_at_step`` fails as a full disk would."""
+    from lm_eval.api.task import ConfigurableTask
+
+    from levanter_mars.eval import in_training, report
+
+    evaluations = []
+    run_eval_harness = in_training.run_eval_harness
+
+    def counting_evaluations(*args, **kwargs):
+        evaluations.append(True)
+        return run_eval_harness(*args, **kwargs)
+
+    process_results = ConfigurableTask.process_results
+
+    def scoring(self, doc, results):
+        if len(evaluations) == scoring_fails_at_eval:
+            raise ValueError("injected: the task's scoring failed")
+        return process_results(self, doc, results)
+
+    write_results = report.write_results
+
+    def writing(outputs, directory, *, step, **kwargs):
+        if step == writing_fails_at_step:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write_results(outputs, directory, step=step, **kwargs)
+
+    in_training.run_eval_harness = counting_evaluations
+    ConfigurableTask.process_results = scoring
+    report.write_results = writing

@@ -306,4 +306,12 @@ DEFECTS: tuple[Defect, ...] = (
         "tests/test_compilation_cache.py::"
         "test_defect_38_xla_cpu_warns_of_sigill_for_a_pseudo_feature_and_the_workaround_keeps_it_off_the_terminal",
     ),
+    Defect(
+        39,
+        LEVANTER,
+        "when lm-eval fails on process 0 the eval harness never sends its other processes STOP (a pod hangs), and "
+        "lm-eval does not say which task failed",
+        "compat.lm_eval_harness.workers_released_on_failure",
+        _COMPAT + "test_defect_39_a_failure_in_lm_eval_never_releases_the_harness_workers_and_the_workaround_does",
+    ),
 )

@@ -1,4 +1,5 @@
-"""Levanter's lm-eval harness and lm-eval/datasets themselves (defects 11, 12, 13, 16; 20 in lm_eval_scoring)."""
+"""Levanter's lm-eval harness and lm-eval/datasets themselves (defects 11, 12, 13, 16, 22, 27, 30, 39; 20 in
+lm_eval_scoring)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def run_eval_harness(config, model, tasks, tokenizer, EvalBatch, axis_resources,
     Returns the outputs on process 0, None elsewhere."""
     import levanter.eval_harness
 
-    with eval_harness_on_mesh(), broadcasts_across_processes(), score_as_lm_eval():
+    with eval_harness_on_mesh(), broadcasts_across_processes(), score_as_lm_eval(), workers_released_on_failure():
         return levanter.eval_harness._actually_run_eval_harness(
             config, model, tasks, tokenizer, EvalBatch, axis_resources, mp
         )
@@ -143,3 +144,41 @@ class TaskErrorsNamed(LmEvalHarnessConfig):
             return super()._get_task_and_rename(manager, our_name, task)
         except Exception as e:  # noqa: BLE001 - reported with the task's name, cause attached
             raise ValueError(f"{FAILED_TO_LOAD}{our_name}") from e
+
+
+@contextlib.contextmanager
+def workers_released_on_failure() -> Iterator[None]:
+    """Defect 39. Levanter's harness sends its other processes the STOP message only after lm-eval's ``evaluate``
+    returns on process 0: when lm-eval fails there (a task that errors while scoring), they wait for requests forever
+    and the pod hangs. Here process 0 sends STOP on the way out of a failure too, so every process leaves the harness
+    and the failure can be handled in step. With one process, STOP is a no-op."""
+    import levanter.eval_harness
+
+    evaluator = levanter.eval_harness.evaluator
+    evaluate = evaluator.evaluate
+
+    def evaluate_then_release(lm, *args, **kwargs):
+        try:
+            return evaluate(lm, *args, **kwargs)
+        except BaseException:
+            lm.leader.stop()
+            raise
+
+    with patched(evaluator, evaluate=evaluate_then_release):
+        yield
+
+
+def failing_task(error: BaseException) -> str | None:
+    """Defect 39. The lm-eval task in whose own code ``error`` was raised (building its requests, filtering, scoring),
+    from the traceback: lm-eval's ``evaluate`` does not say. None when it came from elsewhere (the model's
+    requests)."""
+    from lm_eval.api.task import Task
+
+    name = None
+    traceback = error.__traceback__
+    while traceback is not None:  # outermost first: the innermost task frame wins
+        owner = traceback.tb_frame.f_locals.get("self")
+        if isinstance(owner, Task):
+            name = getattr(owner, "task_name", None) or getattr(getattr(owner, "config", None), "task", None)
+        traceback = traceback.tb_next
+    return str(name) if name else None

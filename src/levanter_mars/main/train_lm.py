@@ -2,13 +2,14 @@
 
 The program's order, on one process or on every host of a pod alike: parse; start ``jax.distributed`` (nothing
 touches a JAX backend before it); validate; point JAX at the run's compilation cache; prepare what is shared (corpus,
-token caches, set-asides, the resume decision: process 0 acts, the others wait for its answer); build; train; summarize
-(process 0). The exit code says how it ended (``training/errors.py``).
+token caches, set-asides, the resume decision: process 0 acts, the others wait for its answer); open the goodput record
+(process 0); build; train; summarize (process 0). The exit code says how it ended (``training/errors.py``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Optional, Sequence
 
@@ -26,8 +27,10 @@ from levanter_mars.training.data import cache_check, pydocs_corpus
 from levanter_mars.training.data import sources as data
 from levanter_mars.training.errors import ERROR_EXIT_CODES, ExitCode
 from levanter_mars.training.lm import train_lm
-from levanter_mars.training.run import fresh
+from levanter_mars.training.run import fresh, goodput_clock
+from levanter_mars.training.run.goodput import GoodputRecord
 from levanter_mars.training.run.identity import checkpoint_dir, describe_run, run_dir, stable_run_id
+from levanter_mars.training.run.launch_id import LAUNCH_ID_ENV
 from levanter_mars.training.run.summary import RunSummary, summarize
 
 logger = logging.getLogger(__name__)
@@ -36,6 +39,7 @@ logger = logging.getLogger(__name__)
 def main(config: TrainAndEvalConfig) -> Optional[RunSummary]:
     """Runs (or resumes) training. Raises ConfigError before any compilation if the config is bad. Returns the
     summary on process 0, None on the other hosts."""
+    clock = goodput_clock.start()  # this attempt's time, from its launch
     # Levanter turns on INFO for its own loggers only; ours report resumes and skipped checkpoints.
     package_logger = logging.getLogger("levanter_mars")
     if package_logger.level == logging.NOTSET:
@@ -62,18 +66,29 @@ def main(config: TrainAndEvalConfig) -> Optional[RunSummary]:
             config.trainer.load_checkpoint_path or checkpoint_dir(config), run_info,
             verify_checksums=config.trainer.checkpointer.verify_checksums,
         )
+    record = None
+    if distributed.is_leader():  # before anything else reads metrics.jsonl: what a dead attempt left is still there
+        record = GoodputRecord.open(run_dir(config), clock, os.environ.get(LAUNCH_ID_ENV))
 
     with log_file_named_by_run_id():
         levanter.initialize(config)
-    train_lm(config, run_info=run_info, resume=resume, add_hooks=_eval_hooks(config))
+    try:
+        train_lm(config, run_info=run_info, resume=resume, add_hooks=_eval_hooks(config, record), goodput=record)
+    except BaseException as e:
+        if record is not None:
+            record.close(exit_code(e), f"{type(e).__name__}: {e}")
+        raise
+    if record is not None:
+        record.close(ExitCode.DONE, "done")
     return summarize(config) if distributed.is_leader() else None
 
 
-def _eval_hooks(config: TrainAndEvalConfig):
+def _eval_hooks(config: TrainAndEvalConfig, record: Optional[GoodputRecord]):
     def add(trainer, tokenizer) -> None:
         if config.eval_harness is not None:
             in_training.install(
-                trainer, config.eval_harness, config.eval_harness_steps, tokenizer, run_dir=str(run_dir(config))
+                trainer, config.eval_harness, config.eval_harness_steps, tokenizer, run_dir=str(run_dir(config)),
+                on_failure=config.eval_harness_failure, failure_listener=record.eval_failed if record else None,
             )
 
     return add

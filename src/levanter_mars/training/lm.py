@@ -29,6 +29,8 @@ from levanter_mars.compat.levanter_models import differentiable_loss, hf_convert
 from levanter_mars.optim.roles import audit_model
 from levanter_mars.training.config import TrainLmConfig
 from levanter_mars.training.checkpointing.resume import ResumePlan
+from levanter_mars.training.run import goodput_clock
+from levanter_mars.training.run.goodput import GoodputRecord
 from levanter_mars.training.trainer import MarsTrainer
 
 logger = logging.getLogger(__name__)
@@ -37,11 +39,12 @@ logger = logging.getLogger(__name__)
 HookInstaller = Callable[[MarsTrainer, object], None]
 
 
-def train_lm(config: TrainLmConfig, *, run_info: dict, resume: Optional[ResumePlan], add_hooks: HookInstaller):
+def train_lm(config: TrainLmConfig, *, run_info: dict, resume: Optional[ResumePlan], add_hooks: HookInstaller,
+             goodput: Optional[GoodputRecord] = None):  # fmt: skip
     tokenizer = config.data.the_tokenizer
     converter = hf_converter(config.model, tokenizer)
 
-    with build_trainer(config, run_info=run_info, resume=resume) as trainer:
+    with build_trainer(config, run_info=run_info, resume=resume, goodput=goodput) as trainer:
         data_key, _loader_key, model_key, training_key = jrandom.split(jrandom.PRNGKey(config.trainer.seed), 4)
         if config.data_seed is not None:
             data_key = jrandom.PRNGKey(config.data_seed)
@@ -71,7 +74,8 @@ def train_lm(config: TrainLmConfig, *, run_info: dict, resume: Optional[ResumePl
     trainer.tracker.finish()
 
 
-def build_trainer(config: TrainLmConfig, *, run_info: dict, resume: Optional[ResumePlan]) -> MarsTrainer:
+def build_trainer(config: TrainLmConfig, *, run_info: dict, resume: Optional[ResumePlan],
+                  goodput: Optional[GoodputRecord] = None) -> MarsTrainer:  # fmt: skip
     """The trainer, its optimizer and loss, as training runs them (pre-flight compiles the same step)."""
     boolean_loss_masks()  # the training and eval losses (and pre-flight's), on jax >= 0.8 (compat entry 7)
     auto_axes_data_mesh()  # the data loader's batches, on jax >= 0.10 (compat entry 35)
@@ -79,7 +83,7 @@ def build_trainer(config: TrainLmConfig, *, run_info: dict, resume: Optional[Res
     loss_function = differentiable_loss(
         functools.partial(compute_next_token_loss, logsumexp_weight=config.z_loss_weight)
     )
-    return MarsTrainer(config.trainer, optimizer, loss_function, run_info=run_info, resume=resume)
+    return MarsTrainer(config.trainer, optimizer, loss_function, run_info=run_info, resume=resume, goodput=goodput)
 
 
 def vocab_axis(vocab_size: int, trainer: MarsTrainer) -> Axis:
@@ -107,7 +111,7 @@ def _add_eval_loss(trainer: MarsTrainer, config: TrainLmConfig, tokenizer) -> No
         config.trainer.EvalBatch, tagged_eval_datasets, tokenizer, trainer.device_mesh,
         trainer.compute_axis_mapping, max_examples, mp=config.trainer.mp,
     )
-    trainer.add_hook(evaluate, every=config.trainer.steps_per_eval)
+    trainer.add_hook(goodput_clock.timed("eval", evaluate), every=config.trainer.steps_per_eval)
 
 
 def _add_hf_export(trainer: MarsTrainer, config: TrainLmConfig, converter) -> None:

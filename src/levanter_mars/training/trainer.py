@@ -10,6 +10,8 @@
 * Non-finite steps are skipped (and counted as ``optim/skipped_steps``) or stop the run, per ``trainer.nonfinite``;
   a non-finite state is never written to a checkpoint.
 * The final checkpoint is written, and a run whose data runs out early says so.
+* Where the time goes: training, checkpointing and (the evaluation hooks mark their own) evaluation count to their
+  phases of the process's goodput clock; process 0 keeps the run's goodput record (:mod:`..run.goodput`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Optional, Tuple
 
 import equinox as eqx
 from haliax.quantization import partition_for_grad_overwrite
-from levanter.callbacks import StepInfo
+from levanter.callbacks import Callback, StepInfo
 from levanter.tracker import CompositeTracker, TrackerConfig
 from levanter.tracker.wandb import WandbConfig
 from levanter.trainer import TrainerConfig
@@ -34,6 +36,8 @@ from levanter_mars.training import distributed
 from levanter_mars.training.checkpointing.writer import VerifiedCheckpointer, VerifiedCheckpointerConfig
 from levanter_mars.training.checkpointing.storage import check_writable
 from levanter_mars.training.errors import CheckpointError, DataExhaustedError
+from levanter_mars.training.run import goodput_clock
+from levanter_mars.training.run.goodput import GoodputRecord
 from levanter_mars.training.run.metrics import METRICS_FILENAME, JsonlMetricsTracker
 from levanter_mars.training.nonfinite import NONFINITE_POLICIES, NonFiniteMonitor
 from levanter_mars.training.checkpointing.migrations import load_trainer_state
@@ -104,17 +108,20 @@ class BatchObjective:
 
 class MarsTrainer(FixedTrainer):
     """See the module docstring. ``run_info`` (optimizer and model description) is stored in every checkpoint
-    manifest and checked on resume; ``resume`` is process 0's decision of what to resume from."""
+    manifest and checked on resume; ``resume`` is process 0's decision of what to resume from; ``goodput`` is the
+    run's goodput record (process 0)."""
 
     config: MarsTrainerConfig
 
-    def __init__(self, config, optimizer, loss_fn, *, run_info: dict, resume: Optional[ResumePlan]):
+    def __init__(self, config, optimizer, loss_fn, *, run_info: dict, resume: Optional[ResumePlan],
+                 goodput: Optional[GoodputRecord] = None):  # fmt: skip
         if not isinstance(config, MarsTrainerConfig):
             raise TypeError("MarsTrainer needs a MarsTrainerConfig (use levanter_mars' TrainLmConfig)")
         if config.nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"trainer.nonfinite must be one of {NONFINITE_POLICIES}, got {config.nonfinite!r}")
         self.run_info = run_info
         self.resume_plan = resume
+        self.goodput = goodput
         self._resume_from: Optional[str] = None
         super().__init__(config, skip_nonfinite_updates(optimizer), loss_fn)
         # One writer: on a pod only process 0 keeps metrics.jsonl (hosts may share the log directory).
@@ -126,6 +133,11 @@ class MarsTrainer(FixedTrainer):
         if self.metrics is not None:
             self.metrics.flush()
 
+    def before_checkpoint(self, step: int) -> None:
+        self.flush_metrics()
+        if self.goodput is not None:
+            self.goodput.checkpoint_saving(step)
+
     # ----------------------------------------------------------------------------------------------- hooks
     def before_default_hooks(self) -> None:
         directory = self.config.checkpointer.expanded_path(self.run_id)
@@ -134,8 +146,10 @@ class MarsTrainer(FixedTrainer):
     def after_default_hooks(self) -> None:
         if isinstance(self.checkpointer, VerifiedCheckpointer):
             self.checkpointer.run_info = self.run_info
-            self.checkpointer.before_save = self.flush_metrics
+            self.checkpointer.before_save = self.before_checkpoint
         self.add_first_hook(NonFiniteMonitor(self.config.nonfinite, self.config.max_consecutive_nonfinite))
+        if self.goodput is not None:
+            self.add_first_hook(_StepRecorder(self.goodput))
 
     # ---------------------------------------------------------------------------------------------- resume
     @property
@@ -171,6 +185,8 @@ class MarsTrainer(FixedTrainer):
             state = fresh()
         elif isinstance(self.checkpointer, VerifiedCheckpointer):
             self.checkpointer.resumed_step = int(state.step)
+        if self.goodput is not None and int(state.step) < self.num_train_steps:  # a complete run is no attempt
+            self.goodput.begin(int(state.step))
         if self.metrics is not None:
             # A checkpoint of state.step = S holds S updates; the log already has steps 0 .. S-1.
             self.metrics.truncate_after(int(state.step) - 1)
@@ -197,13 +213,15 @@ class MarsTrainer(FixedTrainer):
         checkpointer_step = getattr(self.checkpointer, "on_step", None)
         self.order_hooks(lambda fn: checkpointer_step is not None and getattr(fn, "fn", None) == checkpointer_step)
         try:
-            info = super().train(state, train_loader)
-            if isinstance(self.checkpointer, VerifiedCheckpointer):
-                self.checkpointer.save_deferred()
+            with goodput_clock.phase("train"):
+                info = super().train(state, train_loader)
+                if isinstance(self.checkpointer, VerifiedCheckpointer):
+                    self.checkpointer.save_deferred()
         finally:
             # Never leave a checkpoint half-written behind an exception, keep what was logged, and stop prefetching.
             if self.checkpointer is not None:
-                self.checkpointer.wait_until_finished()
+                with goodput_clock.phase("checkpoint"):
+                    self.checkpointer.wait_until_finished()
             self.flush_metrics()
             stop_data_loader(train_loader)
         if self.checkpointer is not None:
@@ -227,3 +245,13 @@ class MarsTrainer(FixedTrainer):
 
     def objective(self, state, batch, batch_kwargs, key) -> BatchObjective:
         return BatchObjective(self, state, batch, batch_kwargs, key)
+
+
+class _StepRecorder(Callback):
+    """Tells the goodput record each step that is done (it snapshots itself every few seconds)."""
+
+    def __init__(self, record: GoodputRecord):
+        self.record = record
+
+    def on_step(self, info, force: bool = False):
+        self.record.step_done(info.step)

@@ -14,6 +14,7 @@ from levanter_mars.optim.guard import all_finite
 from levanter_mars.training.checkpointing import manifest
 from levanter_mars.training.checkpointing.quarantine import clear_quarantine_marker
 from levanter_mars.training.errors import CheckpointError, NonFiniteTrainingError
+from levanter_mars.training.run import goodput_clock
 
 
 @dataclass
@@ -39,9 +40,10 @@ class VerifiedCheckpointer(Checkpointer):
 
     run_info: dict
     """Stored in every manifest (the trainer sets it) and compared on resume."""
-    before_save: Optional[Callable[[], None]]
-    """Called before a checkpoint is written: the trainer flushes the step's metrics, so that whatever a checkpoint
-    contains is also in metrics.jsonl (a resumed run does not redo logged steps)."""
+    before_save: Optional[Callable[[int], None]]
+    """Called with the step before its checkpoint is written: the trainer flushes the step's metrics, so that whatever
+    a checkpoint contains is also in metrics.jsonl (a resumed run does not redo logged steps), and marks the goodput
+    record."""
     resumed_step: Optional[int]
     """The step of the checkpoint the run resumed from: already on disk, never rewritten in place."""
 
@@ -61,7 +63,8 @@ class VerifiedCheckpointer(Checkpointer):
         # Decided from what every host knows alike (never from a listing that one host may see before another).
         if force and int(info.step) in (last_saved_step(self), self.resumed_step):
             return
-        super().on_step(info, force=force)
+        with goodput_clock.phase("checkpoint"):
+            super().on_step(info, force=force)
 
     @contextlib.contextmanager
     def deferring(self) -> Iterator[None]:
@@ -98,7 +101,7 @@ class VerifiedCheckpointer(Checkpointer):
         path = f"{self.base_path.rstrip('/')}/{destination}"
         step = int(info.step)
         if self.before_save is not None:
-            self.before_save()
+            self.before_save(int(info.state.step))
 
         def commit():  # process 0 only, once every host's writes are done
             clear_quarantine_marker(path)  # this step was quarantined in place before: now saved anew

@@ -1,4 +1,5 @@
-"""What a finished run reports: its metrics file, losses, checkpoints and loss curve (process 0 only)."""
+"""What a finished run reports: its metrics file, losses, checkpoints, loss curve, and where its time went (its
+goodput record and timeline). Process 0 only."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from levanter_mars.training.config import TrainLmConfig
+from levanter_mars.training.run.goodput import GOODPUT_FILENAME, read_record
+from levanter_mars.training.run.goodput_report import describe, plot_goodput
 from levanter_mars.training.run.identity import checkpoint_dir, run_dir
 from levanter_mars.training.run.metrics import METRICS_FILENAME, read_metrics
 from levanter_mars.training.run.plots import plot_loss_curves
@@ -22,6 +25,9 @@ class RunSummary:
     first_eval_loss: Optional[float]
     final_eval_loss: Optional[float]
     loss_curve: Optional[str]
+    goodput: Optional[dict] = None
+    """The goodput record (``goodput.json``), if the run kept one."""
+    goodput_plot: Optional[str] = None
 
     def describe(self) -> str:
         lines = [f"Run {self.run_id}: {self.steps_completed} steps done."]
@@ -33,6 +39,10 @@ class RunSummary:
         lines.append(f"  checkpoints: {self.checkpoint_dir}")
         if self.loss_curve:
             lines.append(f"  loss curve:  {self.loss_curve}")
+        if self.goodput:
+            lines.extend(describe(self.goodput))
+        if self.goodput_plot:
+            lines.append(f"  timeline:    {self.goodput_plot}")
         return "\n".join(lines)
 
 
@@ -47,6 +57,10 @@ def summarize(config: TrainLmConfig) -> RunSummary:
         curve = plot_loss_curves(
             {config.trainer.id: metrics_file}, directory / "loss_curve.png", title=f"{config.trainer.id}"
         )
+    goodput = read_record(directory / GOODPUT_FILENAME)
+    timeline = None
+    if config.plot and goodput and goodput["attempts"]:
+        timeline = plot_goodput(goodput, directory / "goodput.png")
     return RunSummary(
         run_id=config.trainer.id,
         run_dir=str(directory),
@@ -57,4 +71,6 @@ def summarize(config: TrainLmConfig) -> RunSummary:
         first_eval_loss=eval_losses[0] if eval_losses else None,
         final_eval_loss=eval_losses[-1] if eval_losses else None,
         loss_curve=curve,
+        goodput=goodput,
+        goodput_plot=timeline,
     )

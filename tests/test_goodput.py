@@ -1,0 +1,153 @@
+"""The goodput record (training/run/goodput*.py): an attempt's phases as its clock measures them, compilations moved to
+``compile`` from jax's own events, a dead attempt completed by the next one from what it left, redone steps counted as
+lost, write-then-rename, the summary lines and the timeline. End to end (a killed pod through the launcher, on local
+disk; a killed run with its cache on gs://): tests/test_infra_local_ray.py, tests/test_gcs.py."""
+
+import datetime
+import json
+import os
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from levanter_mars.training.run import goodput, goodput_clock
+from levanter_mars.training.run.goodput_report import describe, plot_goodput
+
+
+def _iso(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+T0 = 1_800_000_000.0
+
+
+class FixedClock:
+    """A clock whose measurements the test sets, at a time the test sets (``now``); the rest of the time since the
+    start is ``startup``, so that they add up to the wall time as a real clock's do."""
+
+    def __init__(self, now: list, started: float, **seconds):
+        self.now, self.started = now, started
+        self.values = {k: 0.0 for k in goodput_clock.MEASURED} | seconds
+
+    def seconds(self):
+        measured = {k: v for k, v in self.values.items() if k != "startup"}
+        return {**measured, "startup": self.now[0] - self.started - sum(measured.values())}
+
+
+@pytest.fixture
+def now(monkeypatch):
+    """The record's time, set by the test."""
+    current = [T0]
+    monkeypatch.setattr(goodput, "_now", lambda: current[0])
+    return current
+
+
+def test_phases_add_up_to_the_wall_time_and_compilations_count_once(monkeypatch):
+    """jax reports each compilation stage's duration; the clock moves it from the phase it happened in to compile.
+    A compilation on another thread (the data loader's) overlaps the main thread's work and is not counted."""
+    started = time.time()
+    clock = goodput_clock.PhaseClock(started)
+    clock.listen_to_compilations()
+    clock.enter("train")
+    x = jnp.arange(512.0)
+    jax.jit(lambda v: jnp.sin(v) @ jnp.cos(v) + 1.7)(x).block_until_ready()  # a program no other test compiles
+    time.sleep(0.5)
+    compiled_here = clock.seconds()["compile"]
+    assert compiled_here > 0
+    other = threading.Thread(target=lambda: jax.jit(lambda v: jnp.tanh(v) * 3.1)(x).block_until_ready())
+    other.start()
+    other.join()
+    with clock.phase("eval"):
+        time.sleep(0.6)
+    seconds = clock.seconds()
+    wall = time.time() - started
+    assert seconds["compile"] == pytest.approx(compiled_here, abs=1e-6), "another thread's compile is not counted"
+    assert seconds["eval"] == pytest.approx(0.6, abs=0.1)
+    assert seconds["train"] >= 0.5
+    assert sum(seconds.values()) == pytest.approx(wall, abs=0.05)
+    assert clock.current_phase == "train"
+
+
+def _attempt_one(run_dir, now) -> goodput.GoodputRecord:
+    """A first attempt of launch L, started at T0, that trained steps 0..14 (the checkpoint of step 10 written) and
+    took its last snapshot at T0 + 50; then it was killed (nothing closes it)."""
+    clock = FixedClock(now, T0, compile=20.0, train=3.0)
+    now[0] = T0 + 25
+    record = goodput.GoodputRecord.open(run_dir, clock, "L")
+    record.begin(0)
+    now[0], clock.values["train"] = T0 + 40, 6.0
+    record.checkpoint_saving(11)  # the checkpoint step-10 holds 11 updates: a resume there starts at step 11
+    now[0] = T0 + 50
+    clock.values.update(train=8.0, checkpoint=1.0)
+    record.step_done(14)
+    record.write()
+    return record
+
+
+def test_a_dead_attempt_is_completed_by_the_next_and_its_redone_steps_are_lost(tmp_path, now):
+    run_dir = tmp_path / "run"
+    first = _attempt_one(run_dir, now)
+    # Process 0 wrote metrics.jsonl up to step 16 after that snapshot, until T0 + 54; then the host was killed.
+    metrics = run_dir / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps({"step": s, "train/loss": 1.0}) + "\n" for s in range(17)))
+    os.utime(metrics, (T0 + 54, T0 + 54))
+
+    second_clock = FixedClock(now, T0 + 60, compile=3.0, train=9.0)  # the launcher restarted the slice at T0 + 60
+    second = goodput.GoodputRecord.open(run_dir, second_clock, "L")
+    second.begin(11)  # resumed from the step-10 checkpoint: steps 11..16 of the first attempt are redone
+    now[0] = T0 + 80
+    second.close(0, "done")
+    data = goodput.read_record(run_dir / goodput.GOODPUT_FILENAME)
+    a, b = data["attempts"]
+    assert (a["launch_id"], a["attempt"], b["attempt"]) == ("L", 1, 2)
+    assert a["exit_code"] is None and "completed by attempt 2" in a["reason"]
+    assert a["last_step"] == 16 and a["ended"] == _iso(T0 + 54)
+    assert a["seconds"]["train"] == pytest.approx(6.0)  # kept: the training before the checkpoint it resumed from
+    assert a["seconds"]["lost"] == pytest.approx(2.0 + 4.0)  # redone (8 - 6), and the 4 s after its last record
+    assert sum(a["seconds"].values()) == pytest.approx(54.0), "an attempt's seconds add up to its wall time"
+    assert (b["first_step"], b["exit_code"], b["seconds"]["lost"]) == (11, 0, 0.0)
+    assert sum(b["seconds"].values()) == pytest.approx(20.0)
+    # One launch: its wall runs from the first start to the last end, the restart in between included.
+    assert data["wall_seconds"] == pytest.approx(80.0)
+    assert data["productive_seconds"] == pytest.approx(6.0 + 9.0)
+    assert data["goodput"] == pytest.approx(15.0 / 80.0, abs=1e-4)
+    assert first.path == second.path and not list(run_dir.glob("*.tmp")), "written whole, then renamed"
+
+
+def test_settling_is_idempotent_and_a_resume_before_an_attempt_loses_all_of_its_training():
+    attempts = [
+        {"started": _iso(0), "ended": _iso(50), "first_step": 5, "last_step": 9, "checkpoint_marks": {},
+         "seconds": {"startup": 1, "compile": 1, "train": 40, "checkpoint": 0, "eval": 0, "lost": 0}},
+        {"started": _iso(60), "ended": _iso(90), "first_step": 3, "last_step": 9, "checkpoint_marks": {"6": 10.0},
+         "seconds": {"startup": 1, "compile": 1, "train": 28, "checkpoint": 0, "eval": 0, "lost": 0}},
+        {"started": _iso(100), "ended": None, "updated": _iso(110), "first_step": 6, "last_step": 7,
+         "seconds": {"startup": 1, "compile": 1, "train": 8, "checkpoint": 0, "eval": 0, "lost": 0}},
+    ]  # fmt: skip
+    for _ in range(3):
+        goodput.settle(attempts)
+    assert [a["seconds"]["train"] for a in attempts] == [0.0, 10.0, 8.0]
+    assert [a["seconds"]["lost"] for a in attempts] == [40.0, 18.0, 0.0]
+    totals = goodput.totals(attempts)  # three plain commands: three launches, the gaps between them not counted
+    assert totals["wall_seconds"] == pytest.approx(50 + 30 + 10)
+    assert totals["productive_seconds"] == pytest.approx(18.0)
+
+
+def test_the_summary_and_the_timeline_show_every_attempt(tmp_path, now):
+    run_dir = tmp_path / "run"
+    _attempt_one(run_dir, now)
+    now[0] = T0 + 70
+    record = goodput.GoodputRecord.open(run_dir, FixedClock(now, T0 + 60, train=4.0), "L")
+    record.begin(11)
+    record.eval_failed(20, "pydocs_mc", "ValueError: scoring failed")
+    record.close(0, "done")
+    data = goodput.read_record(run_dir / goodput.GOODPUT_FILENAME)
+    lines = describe(data)
+    assert lines[0].startswith(f"  goodput:     {data['goodput']}") and "2 attempt(s)" in lines[0]
+    assert "1. launch L, its attempt 1: steps 0..14, no exit recorded" in lines[1]
+    assert "2. launch L, its attempt 2: steps 11..None, exit 0" in lines[2]
+    assert lines[3] == "  eval failed at step 20 (attempt 2): pydocs_mc: ValueError: scoring failed"
+    png = plot_goodput(data, tmp_path / "goodput.png")
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n" and os.path.getsize(png) > 10_000

@@ -66,9 +66,9 @@ class EvalHarnessHook(Callback):
         # Loaded once, before training starts: a task whose data is missing is reported before step 1 (and, unless
         # the policy is stop, tried again at each evaluation).
         self.tasks: Optional[dict] = None
-        self._load_failure = self._load_tasks()
-        if self._load_failure is not None:
-            message = f"eval harness: {self._load_failure[0]}: {self._load_failure[1]}"
+        load_failure = self._load_tasks()
+        if load_failure is not None:
+            message = f"eval harness: {load_failure[0]}: {load_failure[1]}"
             if on_failure == "stop":
                 raise EvalFailedError(f"{message} (eval_harness_failure=stop)")
             logger.error("%s. Training goes on; the tasks are loaded again at each evaluation", message)

@@ -120,4 +120,4 @@ def _add_hf_export(trainer: MarsTrainer, config: TrainLmConfig, converter) -> No
         path = os.path.join(path, trainer.run_id)
     save_dtype = jnp.dtype(config.hf_save_dtype) if config.hf_save_dtype is not None else None
     export = save_hf_checkpoint_callback(path, converter, upload_to_hf=config.hf_upload or False, save_dtype=save_dtype)
-    trainer.add_hook(export, every=config.hf_save_steps)
+    trainer.add_hook(goodput_clock.timed("checkpoint", export), every=config.hf_save_steps)

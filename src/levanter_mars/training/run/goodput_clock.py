@@ -125,13 +125,8 @@ def timed(name: str, hook):
     from levanter.callbacks import Callback
 
     class Timed(Callback):
-        def __init__(self):
-            self.inner = hook
-
         def on_step(self, info, force: bool = False):
             with phase(name):
-                if isinstance(hook, Callback):
-                    return hook.on_step(info, force=force)
-                return hook(info)
+                return hook.on_step(info, force=force) if isinstance(hook, Callback) else hook(info)
 
     return Timed()

@@ -1,5 +1,6 @@
-"""MARS and MARS-M as named-axis optax transformations, plus their Levanter optimizer configs (registered only where
-Levanter is importable: the optimizer itself needs only jax, optax, equinox and haliax)."""
+"""MARS and MARS-M as named-axis optax transformations. They need only jax, optax, equinox and haliax: importing this
+package imports no Levanter. Levanter's optimizer configs (``mars-adamw``, ``mars-lion``, ``mars-shampoo``,
+``mars-m``) are registered by ``import levanter_mars.optim.levanter_config``, which our entry points do."""
 
 from levanter_mars.optim.hyperparameters import HyperparameterError, validate_mars_hyperparameters
 from levanter_mars.optim.mars import mars, mars_param_labels, scale_by_mars
@@ -14,13 +15,8 @@ from levanter_mars.optim.tensor_roles import (
     register_tensor_role_rule,
     tensor_roles,
 )
-from levanter_mars.optim.levanter_registry import register_with_levanter
-
-#: Whether ``mars-adamw``, ``mars-lion``, ``mars-shampoo`` and ``mars-m`` are in Levanter's ``OptimizerConfig``.
-LEVANTER_CONFIGS_REGISTERED = register_with_levanter()
 
 __all__ = [
-    "LEVANTER_CONFIGS_REGISTERED",
     "DifferentiableObjective",
     "HyperparameterError",
     "ScaleByMarsState",

@@ -2,8 +2,9 @@
 
 Each ``optimizer:`` block is parsed from YAML by draccus against Levanter's ``OptimizerConfig`` (``mars-adamw`` and
 ``mars-m`` are registered by ``import levanter_mars.optim.levanter_config``, as a Marin user registers them), built
-with Levanter's schedule, and run for a few steps of Levanter's ``Trainer`` on a fixed batch of synthetic tokens. Exits 1 unless every loss is finite and the last
-is below the first. Run by .ci/marin in the marin venv: ``python .ci/marin_llama.py``.
+with Levanter's schedule, and run for a few steps of Levanter's ``Trainer`` on a fixed batch of synthetic tokens.
+Exits 1 unless every loss is finite and the last is below the first. Run by .ci/marin in the marin venv:
+``python .ci/marin_llama.py``.
 """
 
 from __future__ import annotations

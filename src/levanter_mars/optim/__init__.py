@@ -2,6 +2,7 @@
 package imports no Levanter. Levanter's optimizer configs (``mars-adamw``, ``mars-lion``, ``mars-shampoo``,
 ``mars-m``) are registered by ``import levanter_mars.optim.levanter_config``, which our entry points do."""
 
+from levanter_mars.optim.dimension_numbers import MuonDimensionNumbers
 from levanter_mars.optim.hyperparameters import HyperparameterError, validate_mars_hyperparameters
 from levanter_mars.optim.mars import mars, mars_param_labels, scale_by_mars
 from levanter_mars.optim.mars_family import ScaleByMarsState
@@ -12,12 +13,14 @@ from levanter_mars.optim.tensor_roles import (
     TensorKind,
     TensorRole,
     describe_roles,
+    register_expert_axis_name,
     register_tensor_role_rule,
     tensor_roles,
 )
 
 __all__ = [
     "DifferentiableObjective",
+    "MuonDimensionNumbers",
     "HyperparameterError",
     "ScaleByMarsState",
     "TensorKind",
@@ -29,6 +32,7 @@ __all__ = [
     "mars_param_labels",
     "newton_schulz5",
     "objective_gradient",
+    "register_expert_axis_name",
     "register_tensor_role_rule",
     "scale_by_mars",
     "scale_by_mars_m",

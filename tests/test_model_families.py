@@ -66,6 +66,22 @@ def test_role_audit_cli_prints_the_table_without_training(capsys):
     assert f"(model: {counted:,})" in lines["total"]
 
 
+def test_role_audit_cli_verbose_lists_every_parameter_with_its_branch_shape_and_per_tensor_axes(capsys):
+    code = roles.main(["--config_path", str(REPO / "config" / "nano_mixtral_mars_m.yaml"), "--vocab_size", "4096",
+                       "--verbose"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    listed = {line.split()[0]: line.split("  ") for line in out.splitlines() if line.startswith(".")}
+    assert len(listed) == 13  # every tensor of the table's total
+    cells = {path: [c.strip() for c in row if c.strip()] for path, row in listed.items()}
+    w1 = cells[".transformer.layers.stacked.block_sparse_moe.experts.w1.weight"]
+    assert w1[1:] == ["MARS matrix", "layers=2 experts=4 embed=64 mlp=64", "layers, experts", "(mlp) x (embed)"], w1
+    gate = cells[".transformer.layers.stacked.block_sparse_moe.gate.weight"]
+    assert gate[1:] == ["MARS matrix", "layers=2 experts=4 embed=64", "layers", "(experts) x (embed)"], gate
+    assert cells[".lm_head.weight"][1] == "embedding/head" and cells[".transformer.norm.weight"][1:4] == [
+        "AdamW/1-D", "embed=64", "-"]
+
+
 def test_role_audit_cli_never_contacts_the_hub_for_a_tokenizer(capsys):
     code = roles.main(["--config_path", str(REPO / "config" / "gpt2_small_mars.yaml")])
     err = capsys.readouterr().err

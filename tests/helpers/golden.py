@@ -48,6 +48,7 @@ class GoldenCase:
             weight_decay=hp["weight_decay"],
             optimize_1d=hp["optimize_1d"],
             exact=self.meta["exact"],
+            amsgrad=self.meta["amsgrad"],
         )
         if "lr_1d" in hp:
             kwargs.update(

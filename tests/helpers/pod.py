@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from tests.helpers.training import REPO, _env, cli_command
+from tests.helpers import zygote
+from tests.helpers.training import REPO, _env, cli_arguments
 
 
 def free_port() -> int:
@@ -33,7 +34,7 @@ def pod_flags(num_processes: int, process_id: int, port: int) -> list[str]:
 
 @dataclass
 class PodRun:
-    procs: list[subprocess.Popen]
+    procs: list  # subprocess.Popen or zygote.ForkedProcess
     logs: list[Path]
 
     def wait(self, timeout: float = 900) -> list[int]:
@@ -74,8 +75,8 @@ def start_pod(
     for i in range(num_processes):
         log = log_dir / f"{name or config_path.stem}.process-{i}.{port}.log"
         with open(log, "w") as out:
-            command = cli_command(config_path, *extra, *pod_flags(num_processes, i, port), prelude=prelude)
-            procs.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT))
+            arguments = cli_arguments(config_path, *extra, *pod_flags(num_processes, i, port), prelude=prelude)
+            procs.append(zygote.popen(arguments, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT))
         logs.append(log)
     return PodRun(procs, logs)
 
@@ -91,17 +92,26 @@ def run_helper_processes(module: str, *, num_processes: int = 1, devices: int = 
     (a helper of several processes joins them with jax.distributed on PORT); each must exit 0 and end its stdout with
     one JSON line, returned in process order."""
     import json
-    import sys
+    import tempfile
 
     env = _env({"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
                 "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])})
     port = free_port()
-    procs = [
-        subprocess.Popen([sys.executable, "-m", module, str(port), str(i)], cwd=REPO, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(num_processes)
-    ]
-    outputs = [proc.communicate(timeout=timeout) for proc in procs]
+    with tempfile.TemporaryDirectory(prefix="levanter-mars-helpers-") as directory:
+        logs = [(Path(directory, f"{i}.out"), Path(directory, f"{i}.err")) for i in range(num_processes)]
+        procs = []
+        for i, (out_path, err_path) in enumerate(logs):
+            with open(out_path, "w") as out, open(err_path, "w") as err:
+                procs.append(zygote.popen(["-m", module, str(port), str(i)], cwd=REPO, env=env, stdout=out, stderr=err))
+        deadline = time.time() + timeout
+        for i, proc in enumerate(procs):
+            try:
+                proc.wait(timeout=max(1.0, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                for p in procs:
+                    p.kill()
+                raise
+        outputs = [(o.read_text(), e.read_text(errors="replace")) for o, e in logs]
     for i, (proc, (_, err)) in enumerate(zip(procs, outputs)):
         assert proc.returncode == 0, f"{module}, process {i}: exit {proc.returncode}\n{err[-4000:]}"
     return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]

@@ -103,6 +103,14 @@ def test_incompatible_optimizer_is_refused(tmp_path):
         check_compatible(status, {"optimizer": {"type": "adam"}})
 
 
+def test_a_checkpoint_recorded_before_amsgrad_existed_holds_no_running_max(tmp_path):
+    status = audit_checkpoint(str(_make_checkpoint(tmp_path, 10)))
+    assert "amsgrad" not in status.run_info["optimizer"], "the manifest is one written before the option existed"
+    check_compatible(status, {"optimizer": {"type": "mars-adamw", "exact": False, "amsgrad": False}})
+    with pytest.raises(CheckpointError, match="optimizer.amsgrad=False.*optimizer.amsgrad=True"):
+        check_compatible(status, {"optimizer": {"type": "mars-adamw", "exact": False, "amsgrad": True}})
+
+
 def test_unwritable_directory_is_reported_by_name(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")

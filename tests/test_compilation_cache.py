@@ -126,4 +126,5 @@ def test_where_programs_are_cached_and_what_a_failed_eval_does_leave_a_derived_r
 
     assert derived() == "gpt2-mars-adamw-c86309e7"  # as 4cb100e derived it
     assert derived("--trainer.compilation_cache", "none", "--eval_harness_failure", "stop") == derived()
+    assert derived("--optimizer.amsgrad", "false") == derived() != derived("--optimizer.amsgrad", "true")
     assert derived("--trainer.num_train_steps", "31") != derived()

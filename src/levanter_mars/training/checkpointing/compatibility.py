@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from levanter_mars.training.checkpointing.audit import CheckpointStatus
 from levanter_mars.training.errors import CheckpointError
-from levanter_mars.training.run.identity import OPTIMIZER_LAYOUT_FIELDS
+from levanter_mars.training.run.identity import LAYOUT_OPTIONS_ADDED, OPTIMIZER_LAYOUT_FIELDS
 
 
 def check_compatible(status: CheckpointStatus, current_run_info: dict) -> None:
     """Raises :class:`CheckpointError` if the checkpoint's optimizer state cannot be loaded by this run."""
     saved = (status.run_info or {}).get("optimizer") or {}
     current = current_run_info.get("optimizer") or {}
+    saved = {**LAYOUT_OPTIONS_ADDED, **saved}  # a checkpoint written before an option had that option's earlier value
     for key in OPTIMIZER_LAYOUT_FIELDS:
         if key in saved and key in current and saved[key] != current[key]:
             raise CheckpointError(

@@ -29,7 +29,10 @@ def optimizer_type_name(optimizer: OptimizerConfig) -> str:
 
 #: Fields of the optimizer config that change its state's layout: a checkpoint written with other values cannot be
 #: resumed (``checkpointing.compatibility``). ``type`` is the registered optimizer name.
-_LAYOUT_OPTIONS = ("exact", "optimize_1d", "efficient")
+#: Layout options added after runs were first recorded, with the value every earlier run had: a manifest without one
+#: means that value, and at that value it is left out of the derived run id, so runs started before it still resume.
+LAYOUT_OPTIONS_ADDED = {"amsgrad": False}
+_LAYOUT_OPTIONS = ("exact", "optimize_1d", "efficient", *LAYOUT_OPTIONS_ADDED)
 OPTIMIZER_LAYOUT_FIELDS = ("type", *_LAYOUT_OPTIONS)
 #: Recorded for the record only: these may change between runs.
 _OPTIMIZER_HYPERPARAMETERS = ("learning_rate", "learning_rate_1d", "gamma")
@@ -59,6 +62,10 @@ def stable_run_id(config) -> str:
         encoded.get("trainer", {}).pop(key, None)
     for key in _DATA_ID_EXCLUDED:
         encoded.get("data", {}).pop(key, None)
+    optimizer = encoded.get("optimizer", {})
+    for key, earlier_value in LAYOUT_OPTIONS_ADDED.items():
+        if key in optimizer and optimizer[key] == earlier_value:
+            del optimizer[key]
     if "trainer" in encoded:
         # Hashed as its default, so that ids derived before multi-host support still resume, and every process
         # (each with its own process_id) derives the same id.

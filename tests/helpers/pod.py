@@ -7,6 +7,7 @@ checkpoint directory, as a pod's hosts share a bucket.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -32,21 +33,39 @@ def pod_flags(num_processes: int, process_id: int, port: int) -> list[str]:
     ]
 
 
+class PodHung(AssertionError):
+    pass
+
+
 @dataclass
 class PodRun:
     procs: list  # subprocess.Popen or zygote.ForkedProcess
     logs: list[Path]
 
-    def wait(self, timeout: float = 900) -> list[int]:
+    def wait(self, timeout: float = 900, grace: float = 120) -> list[int]:
+        """Waits for every process. A process that fails gives the others ``grace`` seconds to end too (a pod's hosts
+        stop together); one still running then, or at ``timeout``, is a hang: its Python stacks are dumped into its
+        log (SIGABRT with faulthandler on, set by tests/conftest.py) and the error shows every log's tail."""
         deadline = time.time() + timeout
-        codes = []
-        for proc in self.procs:
-            try:
-                codes.append(proc.wait(timeout=max(1.0, deadline - time.time())))
-            except subprocess.TimeoutExpired:
+        while any(proc.poll() is None for proc in self.procs):
+            failed = any(proc.poll() not in (None, 0) for proc in self.procs)
+            if failed:
+                deadline = min(deadline, time.time() + grace)
+            if time.time() > deadline:
+                self._dump_stacks()
                 self.kill()
-                raise
-        return codes
+                why = "a process failed and another did not end" if failed else f"not done after {timeout:.0f} s"
+                raise PodHung(f"pod of {len(self.procs)} processes: {why}\n{self.describe()}")
+            time.sleep(0.5)
+        return [proc.poll() for proc in self.procs]
+
+    def _dump_stacks(self) -> None:
+        running = [proc for proc in self.procs if proc.poll() is None]
+        for proc in running:
+            proc.send_signal(signal.SIGABRT)
+        end = time.time() + 10
+        while time.time() < end and any(proc.poll() is None for proc in running):
+            time.sleep(0.2)
 
     def kill(self) -> None:
         for proc in self.procs:
@@ -81,7 +100,7 @@ def start_pod(
     return PodRun(procs, logs)
 
 
-def run_pod(config_path: Path, *extra: str, timeout: float = 900, **kwargs) -> PodRun:
+def run_pod(config_path: Path, *extra: str, timeout: float = 600, **kwargs) -> PodRun:
     pod = start_pod(config_path, *extra, **kwargs)
     pod.wait(timeout)
     return pod

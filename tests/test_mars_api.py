@@ -63,6 +63,9 @@ def test_exact_without_params_raises():
         (dict(learning_rate_1d=float("inf")), "learning_rate_1d"),
         (dict(weight_decay=float("nan")), "weight_decay"),
         (dict(gamma=float("nan")), "gamma"),
+        # optax.inject_hyperparams passes arrays: concrete ones are checked too (traced ones cannot be).
+        (dict(b1=jnp.asarray(1.0)), "b1"),
+        (dict(max_grad_norm=jnp.asarray(0.0)), "max_grad_norm"),
     ],
 )
 def test_bad_hyperparameters_raise_naming_the_field(kwargs, field):

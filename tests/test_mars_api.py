@@ -25,6 +25,11 @@ def _mars_state(state) -> ScaleByMarsState:
     return found
 
 
+def _buffer_of(buffer, param) -> bool:
+    """A state buffer held for ``param`` (an absent one is ``optax.MaskedNode``, never ``None``)."""
+    return isinstance(buffer, jax.Array) and buffer.shape == param.shape
+
+
 def _nbytes(tree) -> int:
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
@@ -82,12 +87,12 @@ def test_negative_or_non_finite_learning_rate_raises(learning_rate):
 def test_state_layout_per_variant():
     params = _params()
     adamw = _mars_state(mars(1e-3).init(params))
-    assert adamw.nu["w"] is not None and adamw.prev["w"] is not None
+    assert _buffer_of(adamw.nu["w"], params["w"]) and _buffer_of(adamw.prev["w"], params["w"])
     assert isinstance(adamw.prev["v"], optax.MaskedNode)  # the AdamW branch needs no previous gradient
     for variant in ("lion", "shampoo"):
         state = _mars_state(mars(1e-3, variant=variant).init(params))
         assert isinstance(state.nu["w"], optax.MaskedNode), variant  # no second moment for Lion/Shampoo matrices
-        assert state.nu["v"] is not None, variant  # the AdamW branch keeps one
+        assert _buffer_of(state.nu["v"], params["v"]), variant  # the AdamW branch keeps one
 
 
 def test_exact_stores_previous_parameters_not_gradients():

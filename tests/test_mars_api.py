@@ -166,15 +166,24 @@ def test_works_with_inject_hyperparams():
 
 
 def test_step_one_uses_zero_previous_gradient_in_exact_mode():
-    """At step 1 exact and approx must agree (both start from g_prev = 0)."""
+    """At step 1 exact and approx must agree (both start from g_prev = 0, though the gradient at the previous
+    parameters is not zero): the same update, and the first moment m_1 = (1 - b1) c_1 with
+    c_1 = Clip((1 + gamma b1 / (1 - b1)) g_1), written out here. The moment is checked, not only the update: Adam's
+    first update is about sign(c_1), whatever c_1's scale, so a wrong g_prev hardly moves it."""
     params = _params()
-    loss = lambda p: sum(jnp.sum(x**2) for x in jax.tree.leaves(p))  # noqa: E731
+    # Small enough that the clip does not fire: it would bring any c_1 to norm 1, whatever g_prev.
+    loss = lambda p: 1e-3 * sum(jnp.sum(x**2) for x in jax.tree.leaves(p))  # noqa: E731
     grads = jax.grad(loss)(params)
     approx, exact = mars(1e-2), mars(1e-2, exact=True)
-    u_approx, _ = approx.update(grads, approx.init(params), params)
-    u_exact, _ = exact.update(grads, exact.init(params), params, obj_fn=loss)
+    u_approx, s_approx = approx.update(grads, approx.init(params), params)
+    u_exact, s_exact = exact.update(grads, exact.init(params), params, obj_fn=loss)
     for a, b in zip(jax.tree.leaves(u_approx), jax.tree.leaves(u_exact)):
         np.testing.assert_allclose(a, b, rtol=1e-6)
+    b1, gamma = 0.95, 0.025  # mars's defaults
+    c = (1 + gamma * b1 / (1 - b1)) * grads["w"]
+    assert float(jnp.linalg.norm(c)) < 1.0
+    for state in (s_approx, s_exact):
+        np.testing.assert_allclose(_mars_state(state).mu["w"], (1 - b1) * c, rtol=1e-6)
 
 
 def test_scale_by_mars_alone_has_no_learning_rate():

@@ -8,9 +8,10 @@ import json
 
 import pytest
 
+from levanter_mars.infra.preflight import capacity
 from levanter_mars.infra.preflight.capacity import UsableHbm, probe, usable_hbm
 from levanter_mars.infra.preflight.report import Verdict
-from levanter_mars.infra.preflight.step import TEMPORARIES, WHOLE_PROGRAM, Compiled, out_of_memory
+from levanter_mars.infra.preflight.step import ONE_BUFFER, TEMPORARIES, WHOLE_PROGRAM, Compiled, out_of_memory
 from levanter_mars.infra.preflight.topology import GiB, tpu_target
 from levanter_mars.infra.slices import slice_type
 from tests.helpers.preflight import REPO
@@ -18,10 +19,13 @@ from tests.helpers.preflight import REPO
 V4_8 = tpu_target(slice_type("v4-8"))
 #: What libtpu 0.0.37 and 0.0.42.1 state a v4 chip's program may use (their out-of-memory verdicts).
 V4_USABLE = int(30.75 * GiB)
-#: The two ways the compilers refuse the one-layer case of tests/test_preflight.py.
+#: The ways the compilers refuse the one-layer case of tests/test_preflight.py: the whole program (libtpu 0.0.37),
+#: its temporaries alone (0.0.42.1), one buffer alone (0.0.37 too: the logits, stating the physical 32 GiB).
 WHOLE = "RESOURCE_EXHAUSTED: Used 49.09G of 30.75G hbm."
 PART = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (56.39G) "
         "exceeds available HBM (30.75G).")
+BUFFER = ("RESOURCE_EXHAUSTED: Allocation (size=52705624064) would exceed memory (size=34359738368) :: "
+          "#allocation1061 [shape = 'bf16[512,1024,50257]{1,2,0:T(8,128)(2,1)}', space=hbm]")
 
 
 def _compiled(arguments: float, temporaries: float) -> Compiled:
@@ -36,13 +40,18 @@ def _refused(message: str) -> Compiled:
                     used_counts=verdict.counts, capacity_bytes=verdict.capacity)
 
 
+#: What the probe gets on v4 (test_the_compiler_states_the_usable_hbm_when_probed), without compiling it here.
+PROBED = UsableHbm(V4_USABLE, "the TPU compiler's refusal of a probe")
+
+
+@pytest.fixture(autouse=True)
+def _probe_without_compiling(monkeypatch):
+    monkeypatch.setattr(capacity, "probe", lambda devices, nominal_bytes: PROBED)
+
+
 def _verdict(compiled: Compiled, evals: dict | None = None) -> Verdict:
-    """On v4-8, 1 GiB of optimizer state per chip. The usable HBM: a refused program's own statement, else the
-    figure a probe gets (test_the_compiler_states_the_usable_hbm_when_probed)."""
-    if compiled.capacity_bytes is None:
-        usable = UsableHbm(V4_USABLE, "the TPU compiler's refusal of a probe")
-    else:
-        usable = usable_hbm(compiled, devices=[], nominal_bytes=V4_8.hbm_bytes_per_chip)
+    """On v4-8, 1 GiB of optimizer state per chip, judged against the usable HBM pre-flight finds."""
+    usable = usable_hbm(compiled, devices=[], nominal_bytes=V4_8.hbm_bytes_per_chip)
     return Verdict("config/x.yaml", V4_8, 1, parameters=int(0.5 * GiB), optimizer_state=GiB, compiled=compiled,
                    usable=usable, per_device_parallelism=8, train_batch_size=32, data_axis_size=4,
                    gradient_checkpointing=False, eval_steps=evals or {}, per_device_eval_parallelism=16)
@@ -70,23 +79,31 @@ def test_a_program_between_the_usable_and_the_nominal_hbm_does_not_fit():
     assert "of 30.75 GiB usable (32 GiB HBM)" in said and "trainer.per_device_eval_parallelism (now 16" in said
 
 
-@pytest.mark.parametrize("message", [WHOLE, PART], ids=["whole-program", "temporaries-alone"])
+@pytest.mark.parametrize("message", [WHOLE, PART, BUFFER], ids=["whole-program", "temporaries-alone", "one-buffer"])
 def test_a_refusal_shows_no_positive_headroom_and_keeps_a_partial_figure_apart(message):
     verdict = _verdict(_refused(message))
     report = verdict.to_json()
     assert report["fits"] is False
-    assert report["usable_hbm_bytes_per_chip"] == V4_USABLE  # the refused program's own statement
-    assert "this program" in report["usable_hbm_source"] and report["out_of_memory"] in report["usable_hbm_source"]
+    assert report["usable_hbm_bytes_per_chip"] == V4_USABLE
+    if message == BUFFER:  # its "memory (size=...)" is the physical 32 GiB: the probe says what a program may use
+        assert report["usable_hbm_source"] == PROBED.source
+    else:  # the refused program's own statement
+        assert "this program" in report["usable_hbm_source"] and report["out_of_memory"] in report["usable_hbm_source"]
     per_chip = report["per_chip"]
     assert per_chip["arguments"] is None and per_chip["temporaries"] is None  # no memory analysis of a refusal
     if message == WHOLE:
         assert per_chip["total"] == int(49.09 * GiB) and "partial" not in per_chip
         assert report["headroom_bytes"] == V4_USABLE - per_chip["total"] < 0
         assert "it needs 49.09 GiB per chip" in verdict.refusal()
-    else:
+    elif message == PART:
         assert per_chip["total"] is None and report["headroom_bytes"] is None
         assert per_chip["partial"] == {"bytes": int(56.39 * GiB), "counts": TEMPORARIES}
         assert "its temporaries alone need 56.39 GiB (the compiler's figure) per chip" in verdict.refusal()
+    else:
+        assert per_chip["total"] is None and report["headroom_bytes"] is None
+        assert per_chip["partial"] == {"bytes": 52705624064, "counts": ONE_BUFFER}
+        said = verdict.refusal()
+        assert "one buffer alone needs 49.09 GiB (the compiler's figure) per chip, of 30.75 GiB usable" in said
 
 
 def test_a_refusal_names_every_failing_program_with_its_own_figure():

@@ -1,9 +1,10 @@
 """Marin's Levanter (marin-levanter) trains its Llama with our optimizers, by name, through its own Trainer.
 
-Each ``optimizer:`` block is parsed from YAML by draccus against Levanter's ``OptimizerConfig`` (so ``mars-adamw`` and
-``mars-m`` must be registered by ``import levanter_mars.optim``), built with Levanter's schedule, and run for a few
-steps of Levanter's ``Trainer`` on a fixed batch of synthetic tokens. Exits 1 unless every loss is finite and the last
-is below the first. Run by .ci/marin in the marin venv: ``python .ci/marin_llama.py``.
+Each ``optimizer:`` block is parsed from YAML by draccus against Levanter's ``OptimizerConfig`` (``mars-adamw`` and
+``mars-m`` are registered by ``import levanter_mars.optim.levanter_config``, as a Marin user registers them), built
+with Levanter's schedule, and run for a few steps of Levanter's ``Trainer`` on a fixed batch of synthetic tokens.
+Exits 1 unless every loss is finite and the last is below the first. Run by .ci/marin in the marin venv:
+``python .ci/marin_llama.py``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from levanter.optim import OptimizerConfig
 from levanter.tracker.tracker import NoopConfig
 from levanter.trainer import Trainer, TrainerConfig
 
-import levanter_mars.optim  # noqa: F401  (registers mars-adamw, mars-lion, mars-shampoo, mars-m)
+import levanter_mars.optim.levanter_config  # noqa: F401  (registers mars-adamw, mars-lion, mars-shampoo, mars-m)
 
 STEPS = 8
 BATCH, SEQ, VOCAB = 8, 32, 128

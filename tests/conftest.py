@@ -9,16 +9,33 @@ for _offline_flag in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFF
     os.environ[_offline_flag] = "1"
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
-# Training subprocesses of one test session share compiled programs (about 40% of a tiny run is compilation).
+# Training subprocesses share compiled programs (about 40% of a tiny run is compilation), within a session and across
+# sessions on one machine (tests/helpers/compile_cache.py). LEVANTER_MARS_TEST_CACHE=cold starts from an empty cache.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    import tempfile
+    from pathlib import Path
 
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="levanter-mars-jax-cache-")
+    from tests.helpers import compile_cache
+
+    if os.environ.get("LEVANTER_MARS_TEST_CACHE") == "cold":
+        import atexit
+        import shutil
+        import tempfile
+
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="levanter-mars-jax-cache-")
+        atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+    else:
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = str(
+            compile_cache.session_cache_dir(Path(__file__).parents[1] / "constraints.txt"))
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(compile_cache.MAX_BYTES))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# A process that hangs can be asked where (SIGABRT): every child, and the zygote's forks, dump their Python stacks.
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 import ipaddress  # noqa: E402
 
 import pytest  # noqa: E402
+
+pytest_plugins = ["tests.helpers.durations"]
 
 _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex
@@ -112,7 +129,9 @@ def reference_runs(tmp_path_factory, pydocs_corpus):
     runs = {}
     for mode, overrides in REFERENCE_MODES.items():
         config = tiny_config(workdir, pydocs_corpus, f"ref-{mode}", overrides)
-        proc = run_cli(config)
+        # Every other run of the session is forked from the test zygote (tests/helpers/zygote.py); this one starts
+        # as a user's command does, in a fresh interpreter, so the suite trains through that path too.
+        proc = run_cli(config, fresh_interpreter=mode == "approx")
         assert proc.returncode == 0, describe_failure(proc)
         runs[mode] = (config, proc, run_paths(workdir, f"ref-{mode}"))
     return runs

@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.training import REPO, describe_failure, losses, run_paths, start_cli, tiny_config
+from tests.helpers.training import describe_failure, losses, run_paths, run_python, start_cli, tiny_config
 
 DATA = Path(__file__).parent / "data"
 OLD_MAINS = ("949b23f", "f18f19f")
@@ -38,8 +36,9 @@ RELATIVE_TOLERANCE = 1e-5
 
 @pytest.fixture(scope="module")
 def resumed_runs(tmp_path_factory, pydocs_corpus):
-    """Every old main's three runs resumed by today's code, all started together (their start-up and compilation
-    overlap).
+    """Every old main's three runs resumed by today's code. One old main's three modes start together (three
+    programs compile side by side), then the next old main's, whose programs are the same: compiled once, loaded
+    from the compilation cache the second time.
 
     Returns ``{(old_main, mode): (returncode, output, paths)}``.
     """
@@ -47,22 +46,21 @@ def resumed_runs(tmp_path_factory, pydocs_corpus):
     runs = {(old, mode): f"compat-{old}-{mode}" for old in OLD_MAINS for mode in MODES}
     configs = {key: tiny_config(workdir, pydocs_corpus, run_id, MODES[key[1]]) for key, run_id in runs.items()}
     # The runs share the token caches: built first, as a user would before parallel runs, so none reads them half-built.
-    pretokenize = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "pretokenize.py"), "--config_path", str(next(iter(configs.values())))],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )
+    pretokenize = run_python("scripts/pretokenize.py", "--config_path", str(next(iter(configs.values()))))
     assert pretokenize.returncode == 0, describe_failure(pretokenize)
-    started = {}
-    for (old, mode), run_id in runs.items():
-        paths = run_paths(workdir, run_id)
-        shutil.copytree(DATA / f"checkpoints_{old}" / mode / f"step-{RESUMED_STEP}",
-                        paths["checkpoints"] / f"step-{RESUMED_STEP}")
-        log = workdir / f"{run_id}.log"
-        started[old, mode] = (start_cli(configs[old, mode], log_path=log), log, paths)
     results = {}
-    for key, (proc, log, paths) in started.items():
-        returncode = proc.wait(timeout=1200)
-        results[key] = (returncode, log.read_text(), paths)
+    for old in OLD_MAINS:
+        started = {}
+        for mode in MODES:
+            run_id = runs[old, mode]
+            paths = run_paths(workdir, run_id)
+            shutil.copytree(DATA / f"checkpoints_{old}" / mode / f"step-{RESUMED_STEP}",
+                            paths["checkpoints"] / f"step-{RESUMED_STEP}")
+            log = workdir / f"{run_id}.log"
+            started[old, mode] = (start_cli(configs[old, mode], log_path=log), log, paths)
+        for key, (proc, log, paths) in started.items():
+            returncode = proc.wait(timeout=1200)
+            results[key] = (returncode, log.read_text(), paths)
     return results
 
 

@@ -7,8 +7,6 @@ simulated devices in exact mode. The task is the held-out local multiple-choice 
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -22,7 +20,7 @@ from tests.helpers.evals import (
     run_eval_cli,
 )
 from tests.helpers.numpy_gpt2 import reference_results
-from tests.helpers.training import REPO, describe_failure, run_cli, run_paths, tiny_config
+from tests.helpers.training import REPO, describe_failure, run_cli, run_paths, run_python, tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -179,14 +177,10 @@ def test_eight_device_exact_run_in_training_equals_standalone_on_its_newest_chec
 def test_comparison_script_tables_two_runs(approx_run, eight_device_exact_run, workdir):
     (_, approx), (_, exact) = approx_run, eight_device_exact_run
     output = workdir / "comparison.md"
-    proc = subprocess.run(
-        [
-            sys.executable, "scripts/compare_evals.py",
-            str(_in_training(approx, 11).parent), str(_in_training(exact, 9)),
-            "--label", "MARS approx", "--label", "MARS exact (8 devices)",
-            "--suite", str(OFFLINE_SUITE), "--output", str(output),
-        ],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+    proc = run_python(
+        "scripts/compare_evals.py", str(_in_training(approx, 11).parent), str(_in_training(exact, 9)),
+        "--label", "MARS approx", "--label", "MARS exact (8 devices)", "--suite", str(OFFLINE_SUITE),
+        "--output", str(output), timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     lines = output.read_text().splitlines()

@@ -61,6 +61,17 @@ def test_yaml_and_cli_overrides(tmp_path, type_name, cls):
     assert cfg.optimizer.gamma == pytest.approx(0.05)
 
 
+@pytest.mark.parametrize("via", ["yaml", "cli"])
+def test_amsgrad_from_yaml_and_cli_adds_its_buffer(tmp_path, via):
+    yaml_text = "optimizer:\n  type: mars-adamw\n" + ("  amsgrad: true\n" if via == "yaml" else "")
+    cfg = _parse(yaml_text, args=["--optimizer.amsgrad", "true"] if via == "cli" else [], tmp_path=tmp_path)
+    assert cfg.optimizer.amsgrad is True and MarsAdamWConfig().amsgrad is False
+    params = {"w": jnp.ones((4, 3)), "b": jnp.ones(3)}
+    (on,) = [s for s in jax.tree.leaves(cfg.optimizer.build(10).init(params), is_leaf=lambda x: hasattr(x, "nu_max"))
+             if hasattr(s, "nu_max")]
+    assert {k: v.shape for k, v in on.nu_max.items()} == {"w": (4, 3), "b": (3,)}
+
+
 def test_misspelled_field_is_rejected(tmp_path):
     with pytest.raises(draccus.utils.DecodingError, match="gama"):
         _parse("optimizer:\n  type: mars-adamw\n  gama: 0.1\n", tmp_path=tmp_path)

@@ -95,6 +95,26 @@ def test_state_layout_per_variant():
         assert _buffer_of(state.nu["v"], params["v"]), variant  # the AdamW branch keeps one
 
 
+def _paths(tree) -> list[str]:
+    return [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+@pytest.mark.parametrize("variant", ["adamw", "lion", "shampoo"])
+def test_amsgrad_keeps_one_buffer_where_there_is_a_second_moment_and_none_without_it(variant):
+    """Without amsgrad the state stores the same leaves under the same paths as before amsgrad existed (old
+    checkpoints load); with it, one nu_max per nu."""
+    params = _params()
+    off = _mars_state(mars(1e-3, variant=variant).init(params))
+    assert not [p for p in _paths(off) if "nu_max" in p]
+    assert _paths(off) == [p for p in _paths(off) if p.split(".")[1].split("[")[0] in ("count", "mu", "nu", "prev")]
+    on = _mars_state(mars(1e-3, variant=variant, amsgrad=True).init(params))
+    assert _paths(on.nu_max) == _paths(on.nu)
+    assert _nbytes(on) == _nbytes(off) + _nbytes(off.nu)
+    tx = mars(1e-3, variant=variant, amsgrad=True)
+    _, state = jax.jit(tx.update)(params, tx.init(params), params)
+    assert jax.tree.structure(state) == jax.tree.structure(tx.init(params))
+
+
 def test_exact_stores_previous_parameters_not_gradients():
     params = _params()
     approx = _mars_state(mars(1e-3).init(params))

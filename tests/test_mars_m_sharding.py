@@ -2,14 +2,12 @@
 sharded like the parameters (the MARS-M counterpart of tests/test_sharding.py)."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers.evals import EIGHT_DEVICES
+from tests.helpers.training import run_python
+
 # bf16 Newton-Schulz amplifies the last-bit differences of sharded reductions (tests/test_sharding.py: shampoo).
 TOLERANCE = 1e-2
 CASES = ("approx", "exact", "efficient")
@@ -17,12 +15,7 @@ CASES = ("approx", "exact", "efficient")
 
 @pytest.fixture(scope="module")
 def multidevice_results():
-    env = dict(os.environ)
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.helpers.multidevice_mars", "mars_m"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-    )
+    proc = run_python("-m", "tests.helpers.multidevice_mars", "mars_m", env=EIGHT_DEVICES, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -14,7 +14,7 @@ import yaml
 from levanter_mars.optim import roles
 from levanter_mars.training.run.metrics import read_metrics
 from tests.helpers.evals import include_suite
-from tests.helpers.faults import prelude
+from tests.helpers.scenarios import copy_of_run
 from tests.helpers.training import (
     REPO,
     describe_failure,
@@ -64,6 +64,22 @@ def test_role_audit_cli_prints_the_table_without_training(capsys):
     assert lines["MARS matrix"].split()[3:5] == ["8", "34"], lines["MARS matrix"]
     counted = int(lines["total"].split()[3].replace(",", ""))
     assert f"(model: {counted:,})" in lines["total"]
+
+
+def test_role_audit_cli_verbose_lists_every_parameter_with_its_branch_shape_and_per_tensor_axes(capsys):
+    code = roles.main(["--config_path", str(REPO / "config" / "nano_mixtral_mars_m.yaml"), "--vocab_size", "4096",
+                       "--verbose"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    listed = {line.split()[0]: line.split("  ") for line in out.splitlines() if line.startswith(".")}
+    assert len(listed) == 13  # every tensor of the table's total
+    cells = {path: [c.strip() for c in row if c.strip()] for path, row in listed.items()}
+    w1 = cells[".transformer.layers.stacked.block_sparse_moe.experts.w1.weight"]
+    assert w1[1:] == ["MARS matrix", "layers=2 experts=4 embed=64 mlp=64", "layers, experts", "(mlp) x (embed)"], w1
+    gate = cells[".transformer.layers.stacked.block_sparse_moe.gate.weight"]
+    assert gate[1:] == ["MARS matrix", "layers=2 experts=4 embed=64", "layers", "(experts) x (embed)"], gate
+    assert cells[".lm_head.weight"][1] == "embedding/head" and cells[".transformer.norm.weight"][1:4] == [
+        "AdamW/1-D", "embed=64", "-"]
 
 
 def test_role_audit_cli_never_contacts_the_hub_for_a_tokenizer(capsys):
@@ -198,19 +214,15 @@ def test_nano_llama_runs_the_eval_harness_at_its_last_step(nano_runs):
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("family", ["llama", "mixtral"])
-def test_nano_family_resumes_bitwise_after_kill_9(nano_runs, pydocs_corpus, family):
+def test_nano_family_resumes_bitwise_from_a_checkpoint(nano_runs, family):
+    """The family's MARS-M run's files up to its step-3 checkpoint (what a kill right after that checkpoint leaves;
+    kills themselves: tests/test_reliability.py) resume to the uninterrupted run's losses bit for bit."""
     workdir, run = nano_runs
-    _, _, reference, _ = run(family, "mars_m")
-    run_id = f"nano-{family}-killed"
-    config = _nano_config(workdir, pydocs_corpus, family, "mars_m", run_id)
-    paths = run_paths(workdir, run_id)
-    # SIGKILLed by the fault hook as soon as the step-3 checkpoint is complete: a poll can miss that window on an idle
-    # machine and let the run finish first.
-    killed = run_cli(config, prelude=prelude("install_kill_after_manifest", step=3))
-    assert killed.returncode == -9, describe_failure(killed)
-    assert (paths["checkpoints"] / "step-3" / "metadata.json").exists()
+    config, _, reference, _ = run(family, "mars_m")
+    resumed_dir = workdir / f"resumed-{family}"
+    copy, paths = copy_of_run(config, reference, resumed_dir, up_to_step=3)
     assert not (paths["checkpoints"] / "step-5").exists()
-    rerun = run_cli(config)
+    rerun = run_cli(copy, "--hf_save_path", str(resumed_dir / "hf"))
     assert rerun.returncode == 0, describe_failure(rerun)
     assert "Resuming from" in output(rerun) and "step-3" in output(rerun), output(rerun)[-3000:]
     assert losses(paths["metrics"]) == losses(reference["metrics"])

@@ -45,6 +45,8 @@ OPTIMIZERS_UNDER_TEST = [
     {"opt_name": "levanter_mars", "opt_kwargs": {"learning_rate": 1e-2, "mu_dtype": "bfloat16"}},
     {"opt_name": "levanter_mars", "opt_kwargs": {"learning_rate": 1e-2, "prev_dtype": "bfloat16"}},
     {"opt_name": "levanter_mars", "opt_kwargs": {"learning_rate": 1e-2, "max_grad_norm": 1.0}},
+    {"opt_name": "levanter_mars", "opt_kwargs": {"learning_rate": 1e-2, "amsgrad": True, "weight_decay_1d": 0.0}},
+    {"opt_name": "levanter_mars", "opt_kwargs": {"learning_rate": 1e-2, "amsgrad": True, "optimize_1d": True}},
     {"opt_name": "sophia", "opt_kwargs": {"learning_rate": 1e-2, "exact": True}},
     {"opt_name": "levanter_mars_m", "opt_kwargs": {"learning_rate": 1e-2}},
     {"opt_name": "levanter_mars_m", "opt_kwargs": {"learning_rate": 1e-2, "efficient": True}},

@@ -203,7 +203,7 @@ def test_libtpu_extra_is_the_version_the_pinned_jax_declares():
     assert len(declared) == len(locked) == 1, (declared, locked)
     assert declared[0].specifier.contains(locked[0].removeprefix("libtpu==")), (declared, locked)
     ours = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["tpu"]
-    assert [r.split(";")[0].strip() for r in ours] == ["jax[tpu]>=0.9.2"]
+    assert [r.split(";")[0].strip() for r in ours] == ["jax[tpu]>=0.10.2"]
     assert "'.[test,tpu]'" in (REPO / "Makefile").read_text()
 
 

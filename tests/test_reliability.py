@@ -14,6 +14,7 @@ from levanter_mars.training.checkpointing.storage import MANIFEST_NAME
 from levanter_mars.training.run.metrics import read_metrics
 from tests.helpers.checkpoint_arrays import checkpoint_arrays
 from tests.helpers.faults import prelude
+from tests.helpers.scenarios import copy_of_run
 from tests.helpers.training import (
     REFERENCE_MODES,
     describe_failure,
@@ -21,6 +22,7 @@ from tests.helpers.training import (
     output,
     rerun_matches_reference,
     run_cli,
+    run_cli_in_process,
     run_paths,
     tiny_config,
 )
@@ -34,6 +36,11 @@ def workdir(tmp_path_factory):
 
 
 # ------------------------------------------------------------------------------------------------ kill -9
+
+
+def _reference(reference_runs, mode="approx"):
+    config, _, paths = reference_runs[mode]
+    return config, paths
 
 
 def _run_with_fault(workdir, pydocs_corpus, run_id, fault, expected_returncode, **fault_args):
@@ -53,12 +60,13 @@ def test_kill_during_an_async_checkpoint_write(workdir, pydocs_corpus, reference
     assert list((workdir / "checkpoints" / f"{run_id}.quarantine").glob("step-20.*"))
 
 
-def test_kill_between_metadata_and_manifest(workdir, pydocs_corpus, reference_runs):
-    """A checkpoint whose arrays and metadata are complete but whose manifest was never written still resumes."""
-    config, paths, _ = _run_with_fault(workdir, pydocs_corpus, "kill-before-manifest", "install_kill_before_manifest", -9,
-                                       step=20)
+def test_kill_between_metadata_and_manifest(workdir, reference_runs):
+    """A checkpoint whose arrays and metadata are complete but whose manifest was never written (the process died
+    between the two) still resumes. Derived from the reference run: its files up to step 20, less the manifest."""
+    config, paths = copy_of_run(*_reference(reference_runs), workdir, up_to_step=20, run_id="kill-before-manifest")
     step20 = paths["checkpoints"] / "step-20"
-    assert (step20 / "metadata.json").exists() and not (step20 / MANIFEST_NAME).exists()
+    (step20 / MANIFEST_NAME).unlink()
+    assert (step20 / "metadata.json").exists()
     assert audit_checkpoint(str(step20)).state == "unverified"
     # Its arrays were complete, so it is used; it stays "unverified" (nothing can vouch for its bytes now).
     rerun_matches_reference(config, paths, reference_runs, resumed_from=20, unverified=(20,))
@@ -68,6 +76,7 @@ def test_kill_right_after_a_checkpoint(workdir, pydocs_corpus, reference_runs):
     config, paths, _ = _run_with_fault(workdir, pydocs_corpus, "kill-after-checkpoint", "install_kill_after_manifest", -9,
                                        step=20)
     assert (paths["checkpoints"] / "step-20" / MANIFEST_NAME).exists()
+    assert not (paths["checkpoints"] / "step-29").exists()
     rerun_matches_reference(config, paths, reference_runs, resumed_from=20)
 
 
@@ -77,10 +86,10 @@ def test_kill_right_after_a_checkpoint(workdir, pydocs_corpus, reference_runs):
 # Every kind of corruption is detected by tests/test_checkpoint_integrity.py; end to end we check the two that reach
 # different code: a truncated array (tests/test_train_e2e.py) and unreadable metadata (here), which Levanter's own
 # checkpointer would crash on before any of our code could skip it.
-def test_unreadable_metadata_of_the_newest_checkpoint_is_skipped(workdir, pydocs_corpus, reference_runs):
-    # Killed by the fault hook right after step 20's manifest: a poll could miss the window and let the run finish.
-    config, paths, _ = _run_with_fault(workdir, pydocs_corpus, "corrupt-metadata", "install_kill_after_manifest", -9,
-                                       step=20)
+def test_unreadable_metadata_of_the_newest_checkpoint_is_skipped(workdir, reference_runs):
+    """Derived from the reference run: its files up to step 20 (what a kill right after step 20's checkpoint
+    leaves), then step 20's metadata.json cut short."""
+    config, paths = copy_of_run(*_reference(reference_runs), workdir, up_to_step=20, run_id="corrupt-metadata")
     (paths["checkpoints"] / "step-20" / "metadata.json").write_text('{"step": 20, "timest')
     rerun = rerun_matches_reference(config, paths, reference_runs, resumed_from=10)
     assert "Skipping corrupt checkpoint" in output(rerun)
@@ -101,13 +110,13 @@ def test_disk_full_stops_cleanly_and_keeps_the_last_good_checkpoint(
     rerun_matches_reference(config, paths, reference_runs, resumed_from=10)
 
 
-def test_unwritable_checkpoint_path_fails_before_training(workdir, pydocs_corpus):
+def test_unwritable_checkpoint_path_fails_before_training(workdir, pydocs_corpus, capsys):
     blocker = workdir / "a-file"
     blocker.write_text("not a directory")
     config = tiny_config(workdir, pydocs_corpus, "unwritable", {"trainer": {"checkpointer": {"base_path": str(blocker)}}})
-    proc = run_cli(config)
-    assert proc.returncode == 2, describe_failure(proc)
-    assert "trainer.checkpointer.base_path" in proc.stderr and str(blocker) in proc.stderr
+    code, out = run_cli_in_process(capsys, config)  # it stops before anything is built: no subprocess needed
+    assert code == 2, out[-3000:]
+    assert "trainer.checkpointer.base_path" in out and str(blocker) in out
     assert not run_paths(workdir, "unwritable")["metrics"].exists()
 
 
@@ -167,16 +176,14 @@ def test_huge_gradient_batch_does_not_wreck_training(workdir, pydocs_corpus, ref
 # ------------------------------------------------------------------------------- resume with another optimizer
 
 
-def test_resume_with_a_different_optimizer_is_refused(workdir, pydocs_corpus):
-    run_id = "optimizer-switch"
-    adam = tiny_config(workdir, pydocs_corpus, run_id, {"optimizer": {"type": "adam", "learning_rate": 1e-3},
-                                                        "trainer": {"num_train_steps": 12}})
-    assert run_cli(adam).returncode == 0
-    mars = tiny_config(workdir, pydocs_corpus, run_id, {"trainer": {"num_train_steps": 20}})
-    proc = run_cli(mars)
-    assert proc.returncode == 1, describe_failure(proc)
-    assert "optimizer.type='adam'" in proc.stderr and "optimizer.type='mars-adamw'" in proc.stderr
-    checkpoints = run_paths(workdir, run_id)["checkpoints"]
-    assert [s.state for s in audit_run(str(checkpoints))] == ["verified", "verified"], "nothing quarantined"
-    manifest = json.loads((checkpoints / "step-11" / MANIFEST_NAME).read_text())
-    assert manifest["run_info"]["optimizer"]["type"] == "adam"
+def test_resume_with_a_different_optimizer_is_refused(workdir, reference_runs, capsys):
+    """The reference run's MARS-AdamW checkpoints, resumed with Adam: refused before anything is built (so in this
+    process), naming both optimizers, and nothing is quarantined."""
+    reference_config, reference_paths = _reference(reference_runs)
+    config, paths = copy_of_run(reference_config, reference_paths, workdir, up_to_step=20, run_id="optimizer-switch")
+    code, out = run_cli_in_process(capsys, config, "--optimizer.type", "adam", "--optimizer.learning_rate", "1e-3")
+    assert code == 1, out[-3000:]
+    assert "optimizer.type='mars-adamw'" in out and "optimizer.type='adam'" in out, out[-3000:]
+    assert [s.state for s in audit_run(str(paths["checkpoints"]))] == ["verified", "verified"], "nothing quarantined"
+    manifest = json.loads((paths["checkpoints"] / "step-20" / MANIFEST_NAME).read_text())
+    assert manifest["run_info"]["optimizer"]["type"] == "mars-adamw"

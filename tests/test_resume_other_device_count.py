@@ -10,11 +10,11 @@ directory and resumes there, under the same run id, on the other device count.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.scenarios import copy_of_run
 from tests.helpers.training import describe_failure, losses, output, run_cli, run_paths, tiny_config
 
 pytestmark = pytest.mark.slow
@@ -27,20 +27,9 @@ def devices(n: int) -> dict[str, str]:
 
 
 def resumable_copy(config_path: Path, paths: dict, workdir: Path) -> tuple[Path, dict]:
-    """The run of ``config_path`` as it was right after its step-10 checkpoint, in ``workdir``."""
-    # Text replacement keeps the config's own tags (an eval suite's !include) as they are.
-    run_id = paths["run_dir"].name
-    text = config_path.read_text()
-    for old, where in ((paths["run_dir"].parent, "runs"), (paths["checkpoints"].parent, "checkpoints")):
-        assert str(old) in text, (old, text)
-        text = text.replace(str(old), str(workdir / where))
-    copy = workdir / config_path.name
-    copy.write_text(text)
-    new = run_paths(workdir, run_id)
-    shutil.copytree(paths["checkpoints"] / "step-10", new["checkpoints"] / "step-10")
-    new["run_dir"].mkdir(parents=True)
-    shutil.copy(paths["metrics"], new["metrics"])
-    return copy, new
+    """The run of ``config_path`` as it was right after its step-10 checkpoint, in ``workdir`` (its whole metrics log:
+    the resume trims it)."""
+    return copy_of_run(config_path, paths, workdir, up_to_step=10, metrics_up_to=29)
 
 
 def assert_resumed_like(reference_metrics: Path, resumed, new_paths: dict) -> None:

@@ -2,14 +2,12 @@
 sharded like the parameters."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers.evals import EIGHT_DEVICES
+from tests.helpers.training import run_python
+
 # Sharded reductions (norms, gradient sums) change the last bit; bf16 Newton-Schulz amplifies such differences about
 # 500x per application (tests/data/golden_mars/README.md), so Shampoo gets a looser bound after 3 steps.
 TOLERANCE = {"adamw": 1e-5, "adamw_exact": 1e-5, "lion": 1e-5, "shampoo": 1e-2}
@@ -17,12 +15,7 @@ TOLERANCE = {"adamw": 1e-5, "adamw_exact": 1e-5, "lion": 1e-5, "shampoo": 1e-2}
 
 @pytest.fixture(scope="module")
 def multidevice_results():
-    env = dict(os.environ)
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.helpers.multidevice_mars"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-    )
+    proc = run_python("-m", "tests.helpers.multidevice_mars", env=EIGHT_DEVICES, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

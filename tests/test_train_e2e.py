@@ -7,6 +7,7 @@ import pytest
 from levanter_mars.training.checkpointing.storage import MANIFEST_NAME
 from levanter_mars.training.run.metrics import read_metrics
 from tests.helpers.faults import prelude
+from tests.helpers.scenarios import copy_of_run
 from tests.helpers.seeds import seeded_random
 from tests.helpers.training import (
     REFERENCE_MODES,
@@ -27,6 +28,11 @@ MODES = REFERENCE_MODES
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     return tmp_path_factory.mktemp("e2e")
+
+
+def _finished(reference_runs, mode="approx"):
+    config, _, paths = reference_runs[mode]
+    return config, paths
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
@@ -94,23 +100,23 @@ def test_second_run_of_a_finished_command_resumes_not_restarts(reference_runs):
     assert paths["metrics"].read_text() == before
 
 
-def test_fresh_sets_the_previous_run_aside(workdir, pydocs_corpus):
-    config = tiny_config(workdir, pydocs_corpus, "fresh", {"trainer": {"num_train_steps": 3, "steps_per_eval": 2}})
-    assert run_cli(config).returncode == 0
-    again = run_cli(config, "--fresh", "true")
+def test_fresh_sets_the_previous_run_aside(workdir, reference_runs):
+    """A finished run (the reference run's files, copied) started again with ``--fresh true``: the old run directory
+    and checkpoints are moved aside, and the new run starts at step 0."""
+    config, paths = copy_of_run(*_finished(reference_runs), workdir, up_to_step=29, run_id="fresh")
+    again = run_cli(config, "--fresh", "true", "--trainer.num_train_steps", "3", "--trainer.steps_per_eval", "2")
     assert again.returncode == 0, describe_failure(again)
-    paths = run_paths(workdir, "fresh")
     assert [r["step"] for r in read_metrics(paths["metrics"])] == [0, 1, 2]
-    assert list(paths["checkpoints"].parent.glob("fresh.old-*")), "old checkpoints kept, not deleted"
-    assert list(paths["run_dir"].parent.glob("fresh.old-*"))
+    (old_checkpoints,) = paths["checkpoints"].parent.glob("fresh.old-*")
+    assert sorted(p.name for p in old_checkpoints.glob("step-*")) == ["step-10", "step-20", "step-29"], "kept"
+    (old_run,) = paths["run_dir"].parent.glob("fresh.old-*")
+    assert [r["step"] for r in read_metrics(old_run / "metrics.jsonl")] == list(range(30))
 
 
-def test_torn_newest_checkpoint_is_skipped_for_the_previous_one(workdir, pydocs_corpus, reference_runs):
-    run_id = "torn"
-    config = tiny_config(workdir, pydocs_corpus, run_id)
-    assert run_cli(config).returncode == 0
-    paths = run_paths(workdir, run_id)
-    # Truncate the largest array file of the newest checkpoint (step-29): its manifest no longer matches.
+def test_torn_newest_checkpoint_is_skipped_for_the_previous_one(workdir, reference_runs):
+    """The reference run's files, copied; the largest array file of its newest checkpoint (step-29) then loses its
+    second half, so its manifest no longer matches."""
+    config, paths = copy_of_run(*_finished(reference_runs), workdir, up_to_step=29, run_id="torn")
     victim = max((p for p in (paths["checkpoints"] / "step-29").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
     victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
 
@@ -119,7 +125,7 @@ def test_torn_newest_checkpoint_is_skipped_for_the_previous_one(workdir, pydocs_
     log = output(rerun)
     assert "Skipping corrupt checkpoint" in log and "step-29" in log
     assert "Resuming from" in log and "step-20" in log
-    quarantined = list((workdir / "checkpoints" / f"{run_id}.quarantine").glob("step-29.*"))
+    quarantined = list((workdir / "checkpoints" / "torn.quarantine").glob("step-29.*"))
     assert quarantined and (quarantined[0] / "QUARANTINE_REASON.txt").exists()
     assert (paths["checkpoints"] / "step-29" / MANIFEST_NAME).exists(), "the final checkpoint was rewritten"
     # Steps 20..29 were redone from step-20 with the same data and seed: identical to the uninterrupted run.

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Optional
 
+from tests.helpers import zygote
 from tests.helpers.training import REPO, _env
 
 # Set in the child process before jax is imported.
@@ -25,10 +25,7 @@ def include_suite(config_path: Path, suite: Path = OFFLINE_SUITE) -> Path:
 
 def run_eval_cli(*args: str, env: Optional[dict[str, str]] = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """``python -m levanter_mars.main.eval_harness ARGS`` from the repository root."""
-    return subprocess.run(
-        [sys.executable, "-m", "levanter_mars.main.eval_harness", *args],
-        cwd=REPO, env=_env(env), capture_output=True, text=True, timeout=timeout,
-    )
+    return zygote.run(["-m", "levanter_mars.main.eval_harness", *args], cwd=REPO, env=_env(env), timeout=timeout)
 
 
 def item_loglikelihoods(results_json: Path, task: str = "pydocs_mc") -> list[list[float]]:

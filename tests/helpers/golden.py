@@ -48,6 +48,8 @@ class GoldenCase:
             weight_decay=hp["weight_decay"],
             optimize_1d=hp["optimize_1d"],
             exact=self.meta["exact"],
+            # Cases recorded before amsgrad existed ran the reference's default, which is off.
+            amsgrad=self.meta.get("amsgrad", False),
         )
         if "lr_1d" in hp:
             kwargs.update(

@@ -7,6 +7,7 @@ checkpoint directory, as a pod's hosts share a bucket.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from tests.helpers.training import REPO, _env, cli_command
+from tests.helpers import zygote
+from tests.helpers.training import REPO, _env, cli_arguments
 
 
 def free_port() -> int:
@@ -31,21 +33,39 @@ def pod_flags(num_processes: int, process_id: int, port: int) -> list[str]:
     ]
 
 
+class PodHung(AssertionError):
+    pass
+
+
 @dataclass
 class PodRun:
-    procs: list[subprocess.Popen]
+    procs: list  # subprocess.Popen or zygote.ForkedProcess
     logs: list[Path]
 
-    def wait(self, timeout: float = 900) -> list[int]:
+    def wait(self, timeout: float = 900, grace: float = 120) -> list[int]:
+        """Waits for every process. A process that fails gives the others ``grace`` seconds to end too (a pod's hosts
+        stop together); one still running then, or at ``timeout``, is a hang: its Python stacks are dumped into its
+        log (SIGABRT with faulthandler on, set by tests/conftest.py) and the error shows every log's tail."""
         deadline = time.time() + timeout
-        codes = []
-        for proc in self.procs:
-            try:
-                codes.append(proc.wait(timeout=max(1.0, deadline - time.time())))
-            except subprocess.TimeoutExpired:
+        while any(proc.poll() is None for proc in self.procs):
+            failed = any(proc.poll() not in (None, 0) for proc in self.procs)
+            if failed:
+                deadline = min(deadline, time.time() + grace)
+            if time.time() > deadline:
+                self._dump_stacks()
                 self.kill()
-                raise
-        return codes
+                why = "a process failed and another did not end" if failed else f"not done after {timeout:.0f} s"
+                raise PodHung(f"pod of {len(self.procs)} processes: {why}\n{self.describe()}")
+            time.sleep(0.5)
+        return [proc.poll() for proc in self.procs]
+
+    def _dump_stacks(self) -> None:
+        running = [proc for proc in self.procs if proc.poll() is None]
+        for proc in running:
+            proc.send_signal(signal.SIGABRT)
+        end = time.time() + 10
+        while time.time() < end and any(proc.poll() is None for proc in running):
+            time.sleep(0.2)
 
     def kill(self) -> None:
         for proc in self.procs:
@@ -74,13 +94,13 @@ def start_pod(
     for i in range(num_processes):
         log = log_dir / f"{name or config_path.stem}.process-{i}.{port}.log"
         with open(log, "w") as out:
-            command = cli_command(config_path, *extra, *pod_flags(num_processes, i, port), prelude=prelude)
-            procs.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT))
+            arguments = cli_arguments(config_path, *extra, *pod_flags(num_processes, i, port), prelude=prelude)
+            procs.append(zygote.popen(arguments, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT))
         logs.append(log)
     return PodRun(procs, logs)
 
 
-def run_pod(config_path: Path, *extra: str, timeout: float = 900, **kwargs) -> PodRun:
+def run_pod(config_path: Path, *extra: str, timeout: float = 600, **kwargs) -> PodRun:
     pod = start_pod(config_path, *extra, **kwargs)
     pod.wait(timeout)
     return pod
@@ -91,17 +111,26 @@ def run_helper_processes(module: str, *, num_processes: int = 1, devices: int = 
     (a helper of several processes joins them with jax.distributed on PORT); each must exit 0 and end its stdout with
     one JSON line, returned in process order."""
     import json
-    import sys
+    import tempfile
 
     env = _env({"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
                 "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])})
     port = free_port()
-    procs = [
-        subprocess.Popen([sys.executable, "-m", module, str(port), str(i)], cwd=REPO, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(num_processes)
-    ]
-    outputs = [proc.communicate(timeout=timeout) for proc in procs]
+    with tempfile.TemporaryDirectory(prefix="levanter-mars-helpers-") as directory:
+        logs = [(Path(directory, f"{i}.out"), Path(directory, f"{i}.err")) for i in range(num_processes)]
+        procs = []
+        for i, (out_path, err_path) in enumerate(logs):
+            with open(out_path, "w") as out, open(err_path, "w") as err:
+                procs.append(zygote.popen(["-m", module, str(port), str(i)], cwd=REPO, env=env, stdout=out, stderr=err))
+        deadline = time.time() + timeout
+        for i, proc in enumerate(procs):
+            try:
+                proc.wait(timeout=max(1.0, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                for p in procs:
+                    p.kill()
+                raise
+        outputs = [(o.read_text(), e.read_text(errors="replace")) for o, e in logs]
     for i, (proc, (_, err)) in enumerate(zip(procs, outputs)):
         assert proc.returncode == 0, f"{module}, process {i}: exit {proc.returncode}\n{err[-4000:]}"
     return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]

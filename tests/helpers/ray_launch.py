@@ -84,8 +84,14 @@ def launched(config_path: Path, env: Mapping[str, str], log_path: Path, *flags: 
             yield proc
         finally:
             if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+                # SIGTERM first: the launcher then stops the private Ray cluster it started (a SIGKILL leaves it
+                # running, with its processes, after a failed test).
+                proc.terminate()
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
 
 
 def training_process(config_path: Path) -> Optional[psutil.Process]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -13,6 +12,7 @@ import yaml
 from levanter_mars.bench.convergence import deep_merge
 from levanter_mars.training.data import pydocs_corpus
 from levanter_mars.training.run.metrics import read_metrics
+from tests.helpers import zygote
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_CONFIG = REPO / "config" / "gpt2_tiny_mars.yaml"
@@ -53,9 +53,10 @@ def run_paths(workdir: Path, run_id: str) -> dict[str, Path]:
     }
 
 
-def cli_command(config_path: Path, *extra: str, prelude: str = "") -> list[str]:
+def cli_arguments(config_path: Path, *extra: str, prelude: str = "") -> list[str]:
+    """The training CLI's arguments to ``python``: ``prelude`` (fault injection) runs first, in the same process."""
     code = f"{prelude}\nimport sys\nfrom levanter_mars.main.train_lm import cli\nsys.exit(cli(sys.argv[1:]))"
-    return [sys.executable, "-c", code, "--config_path", str(config_path), *extra]
+    return ["-c", code, "--config_path", str(config_path), *extra]
 
 
 def _env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
@@ -66,23 +67,31 @@ def _env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
 
 
 def run_cli(
-    config_path: Path, *extra: str, prelude: str = "", timeout: float = 600, env: Optional[dict[str, str]] = None
+    config_path: Path, *extra: str, prelude: str = "", timeout: float = 600, env: Optional[dict[str, str]] = None,
+    fresh_interpreter: bool = False,
 ) -> subprocess.CompletedProcess:
-    """Runs the training CLI to completion. ``prelude`` is Python run first (fault injection in tests); ``env``
-    adds environment variables (e.g. simulated devices)."""
-    return subprocess.run(
-        cli_command(config_path, *extra, prelude=prelude),
-        cwd=REPO, env=_env(env), capture_output=True, text=True, timeout=timeout,
-    )
+    """Runs the training CLI to completion in a process of its own, forked from the test zygote (or, with
+    ``fresh_interpreter``, started as a user starts it). ``prelude`` is Python run first (fault injection in tests);
+    ``env`` adds environment variables (e.g. simulated devices)."""
+    return zygote.run(cli_arguments(config_path, *extra, prelude=prelude), cwd=REPO, env=_env(env), timeout=timeout,
+                      fork=not fresh_interpreter)
+
+
+def run_python(*args: str, env: Optional[dict[str, str]] = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python ARGS`` (a script, ``-m module`` or ``-c code``) from the repository root, to completion, in a process of
+    its own (forked from the test zygote); ``env`` adds environment variables."""
+    return zygote.run(list(args), cwd=REPO, env=_env(env), timeout=timeout)
 
 
 def start_cli(
     config_path: Path, *extra: str, prelude: str = "", log_path: Optional[Path] = None,
     env: Optional[dict[str, str]] = None,
 ) -> subprocess.Popen:
-    log = open(log_path, "w") if log_path else subprocess.DEVNULL
-    command = cli_command(config_path, *extra, prelude=prelude)
-    return subprocess.Popen(command, cwd=REPO, env=_env(env), stdout=log, stderr=subprocess.STDOUT)
+    arguments = cli_arguments(config_path, *extra, prelude=prelude)
+    if log_path is None:
+        return zygote.popen(arguments, cwd=REPO, env=_env(env), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    with open(log_path, "w") as log:
+        return zygote.popen(arguments, cwd=REPO, env=_env(env), stdout=log, stderr=subprocess.STDOUT)
 
 
 def last_step(metrics_path: Path) -> int:

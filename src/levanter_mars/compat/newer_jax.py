@@ -1,4 +1,4 @@
-"""Newer jax than the pinned 0.9.2, for the benchmarks only (the GPU image has jax 0.11).
+"""Newer jax than the pinned 0.10.2, for the benchmarks only (the GPU image has jax 0.11).
 
 24. Pinned haliax calls ``jax.core.is_constant_dim``, which jax 0.11 removed (it survives as
     ``jax._src.core.is_constant_dim``): :func:`restore_jax_names_haliax_uses`.
@@ -22,7 +22,7 @@ def _drop_levanter_modules() -> None:
 def restore_jax_names_haliax_uses() -> None:
     """Pinned haliax (1.4.dev453) calls ``jax.core.is_constant_dim`` in ``hax.dot``, which jax removed in 0.11; the
     function still exists as ``jax._src.core.is_constant_dim``. For the benchmarks only (the GPU image has jax 0.11),
-    the public name is put back when missing; with the pinned jax 0.9.2 this does nothing."""
+    the public name is put back when missing; with the pinned jax 0.10.2 this does nothing."""
     import jax.core
 
     if not hasattr(jax.core, "is_constant_dim"):

@@ -10,6 +10,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
+import levanter_mars.optim.levanter_config  # noqa: F401  (registers the mars-* optimizer types)
 from levanter_mars.eval.standalone import EvalHarnessMainConfig, evaluate
 from levanter_mars.eval.suite import EvalDatasetError, TaskSpecError
 from levanter_mars.training.errors import CheckpointError

@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import levanter_mars.optim.levanter_config  # noqa: E402, F401  (registers the mars-* optimizer types)
 from levanter_mars.infra.config import LaunchError  # noqa: E402
 from levanter_mars.infra.preflight.report import Verdict, json_line  # noqa: E402
 from levanter_mars.infra.preflight.topology import PreflightError, abstract_devices, tpu_target  # noqa: E402

@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 
 import levanter
 
+import levanter_mars.optim.levanter_config  # noqa: F401  (registers the mars-* optimizer types)
 from levanter_mars.compat.levanter_logging import log_file_named_by_run_id
 from levanter_mars.compat.tracking import only_process_zero_tracks, wandb_offline_unless_configured
 from levanter_mars.eval import in_training

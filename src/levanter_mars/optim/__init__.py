@@ -1,6 +1,8 @@
-"""MARS and MARS-M as named-axis optax transformations, plus their Levanter optimizer configs (registered only where
-Levanter is importable: the optimizer itself needs only jax, optax, equinox and haliax)."""
+"""MARS and MARS-M as named-axis optax transformations. They need only jax, optax, equinox and haliax: importing this
+package imports no Levanter. Levanter's optimizer configs (``mars-adamw``, ``mars-lion``, ``mars-shampoo``,
+``mars-m``) are registered by ``import levanter_mars.optim.levanter_config``, which our entry points do."""
 
+from levanter_mars.optim.dimension_numbers import MuonDimensionNumbers
 from levanter_mars.optim.hyperparameters import HyperparameterError, validate_mars_hyperparameters
 from levanter_mars.optim.mars import mars, mars_param_labels, scale_by_mars
 from levanter_mars.optim.mars_family import ScaleByMarsState
@@ -11,17 +13,14 @@ from levanter_mars.optim.tensor_roles import (
     TensorKind,
     TensorRole,
     describe_roles,
+    register_expert_axis_name,
     register_tensor_role_rule,
     tensor_roles,
 )
-from levanter_mars.optim.levanter_registry import register_with_levanter
-
-#: Whether ``mars-adamw``, ``mars-lion``, ``mars-shampoo`` and ``mars-m`` are in Levanter's ``OptimizerConfig``.
-LEVANTER_CONFIGS_REGISTERED = register_with_levanter()
 
 __all__ = [
-    "LEVANTER_CONFIGS_REGISTERED",
     "DifferentiableObjective",
+    "MuonDimensionNumbers",
     "HyperparameterError",
     "ScaleByMarsState",
     "TensorKind",
@@ -33,6 +32,7 @@ __all__ = [
     "mars_param_labels",
     "newton_schulz5",
     "objective_gradient",
+    "register_expert_axis_name",
     "register_tensor_role_rule",
     "scale_by_mars",
     "scale_by_mars_m",

@@ -94,6 +94,9 @@ class MarsOptimizerConfig(MarsFamilyConfig, abc.ABC):
     """Strength of the variance-reduction correction."""
     optimize_1d: bool = False
     """Run vector tensors through MARS instead of the separate AdamW."""
+    amsgrad: bool = False
+    """Divide the AdamW directions (MARS-AdamW's and the 1-D AdamW's) by the running maximum of the second moment, as
+    the reference's ``amsgrad``; one more buffer per such tensor."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -122,6 +125,7 @@ class MarsOptimizerConfig(MarsFamilyConfig, abc.ABC):
             mu_dtype=_dtype(self.mu_dtype),
             prev_dtype=_dtype(self.prev_dtype),
             max_grad_norm=self.max_grad_norm,
+            amsgrad=self.amsgrad,
         )
 
     def build(self, num_train_steps: int) -> optax.GradientTransformationExtraArgs:

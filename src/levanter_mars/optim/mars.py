@@ -11,7 +11,8 @@ For every *matrix* tensor (see :mod:`levanter_mars.optim.tensor_roles`) at step 
 and then, by variant,
 
 * **MARS-AdamW**: :math:`v_t = \beta_2 v_{t-1} + (1-\beta_2) c_t^2`, direction
-  :math:`m_t / \big((\sqrt{v_t}/\sqrt{1-\beta_2^t} + \epsilon)(1-\beta_1^t)\big)`;
+  :math:`m_t / \big((\sqrt{v_t}/\sqrt{1-\beta_2^t} + \epsilon)(1-\beta_1^t)\big)`; with ``amsgrad``,
+  :math:`\hat v_t = \max(\hat v_{t-1}, v_t)` takes the place of :math:`v_t` in the direction (as in the 1-D AdamW);
 * **MARS-Lion**: direction :math:`\operatorname{sign}(m_t)`;
 * **MARS-Shampoo**: direction :math:`\mathrm{NS}_5\big(m_t/(1-\beta_1)\big)\sqrt{\max(1, \text{rows}/\text{cols})}`,
   with rows = ``Out`` axes and cols = ``In`` axes.
@@ -44,8 +45,15 @@ from levanter_mars.optim.mars_family import (
     initial_state,
     mars_family_step,
 )
+from levanter_mars.optim.dimension_numbers import WeightDimensionNumbers, warn_undeclared, with_dimension_numbers
 from levanter_mars.optim.tensor_roles import TensorRole, map_roles, tensor_roles
-from levanter_mars.optim.update_rules import adam_moments, mars_adam_direction, orthogonalize, shampoo_scale
+from levanter_mars.optim.update_rules import (
+    adam_moments,
+    amsgrad_denominator_moment,
+    mars_adam_direction,
+    orthogonalize,
+    shampoo_scale,
+)
 
 MARS_LABEL = "mars"
 ADAMW_1D_LABEL = "adamw_1d"
@@ -75,6 +83,8 @@ def scale_by_mars(
     max_grad_norm: float | None = None,
     mu_dtype: Any = None,
     prev_dtype: Any = None,
+    weight_dimension_numbers: WeightDimensionNumbers = None,
+    amsgrad: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
     r"""Rescales gradients by the MARS rule (the module docstring states the math). No learning rate, no decay.
 
@@ -94,6 +104,14 @@ def scale_by_mars(
             the gradient is read, so no clipped copy of the gradients is written to memory.
         mu_dtype: dtype of the first moment (e.g. ``jnp.bfloat16``); ``None`` keeps the parameters' dtype.
         prev_dtype: dtype of the stored previous gradient (approx) or previous parameters (exact).
+        weight_dimension_numbers: optax-style dimension numbers (``optax.contrib.MuonDimensionNumbers``): a tree,
+            prefix tree or callable of the parameters; see :mod:`levanter_mars.optim.dimension_numbers`. Each tensor
+            given some is a matrix of its output (rows) x reduction (columns) axes, per slice of its other axes;
+            ``None`` sends a plain array to the AdamW branch. Without them, plain 2-D arrays are ``[out, in]``
+            matrices.
+        amsgrad: as the reference's ``amsgrad``: the AdamW directions (MARS-AdamW's, MARS-Shampoo's vectors' with
+            ``optimize_1d``, and the 1-D AdamW branch's) divide by the running maximum of the second moment. Adds
+            one buffer (``nu_max``) per tensor with a second moment, and none without it.
 
     Returns:
         An ``optax.GradientTransformationExtraArgs`` whose state is :class:`ScaleByMarsState`.
@@ -107,21 +125,27 @@ def scale_by_mars(
     def corrected(role: TensorRole) -> bool:
         return _uses_mars(role, optimize_1d)
 
+    def roles_of(tree: Any) -> Any:
+        return with_dimension_numbers(tensor_roles(tree), tree, weight_dimension_numbers)
+
     def init_fn(params: optax.Params) -> ScaleByMarsState:
+        roles = roles_of(params)
+        warn_undeclared(roles, params)
         return initial_state(
-            params, tensor_roles(params), exact=exact, corrected=corrected, mu_dtype=mu_dtype, prev_dtype=prev_dtype,
-            has_second_moment=lambda role: _uses_second_moment(role, variant, optimize_1d),
+            params, roles, exact=exact, corrected=corrected, mu_dtype=mu_dtype, prev_dtype=prev_dtype,
+            has_second_moment=lambda role: _uses_second_moment(role, variant, optimize_1d), amsgrad=amsgrad,
         )
 
     def update_fn(grads, state: ScaleByMarsState, params=None, *, obj_fn=None, **extra_args):
         del extra_args
-        roles = tensor_roles(grads)
+        roles = roles_of(grads)
         step = begin_step(grads, state, params, obj_fn, gamma=gamma, exact=exact, corrected=corrected, roles=roles,
                           max_grad_norm=max_grad_norm)
         t, clip = step.t, step.clip
 
-        # One layer of one tensor, in float32: (direction, m_t, v_t, the gradient kept as the next g~_{t-1}).
-        def mars_layer(layout, g, m, v, g_prev):
+        # One layer of one tensor, in float32: (direction, m_t, v_t, max v (amsgrad), the gradient kept as the next
+        # g~_{t-1}).
+        def mars_layer(layout, g, m, v, v_max, g_prev):
             c = clipped_correction(g, g_prev, step, b1)  # c_t = Clip(g_t + gamma b1/(1-b1) (g_t - g~_{t-1}), 1)
             m = b1 * m + (1 - b1) * c
             if variant == "lion":
@@ -131,12 +155,14 @@ def scale_by_mars(
                 direction = orthogonalize(m * (1.0 / (1.0 - b1)), layout) * shampoo_scale(layout)
             else:  # MARS-AdamW, and MARS-Shampoo's vectors
                 v = b2 * v + (1 - b2) * c**2
-                direction = mars_adam_direction(m, v, t, b1, b2, eps)
-            return direction, m, v, ordered_on_cpu(clip, m, v) * g
+                v_denominator, v_max = amsgrad_denominator_moment(v, v_max)
+                direction = mars_adam_direction(m, v_denominator, t, b1, b2, eps)
+            return direction, m, v, v_max, ordered_on_cpu(clip, m, v, v_max) * g
 
-        def adamw_1d_layer(layout, g, m, v, g_prev):
+        def adamw_1d_layer(layout, g, m, v, v_max, g_prev):
             m, v = adam_moments(clip * g, m, v, b1_1d, b2_1d)
-            return mars_adam_direction(m, v, t, b1_1d, b2_1d, eps), m, v, None
+            v_denominator, v_max = amsgrad_denominator_moment(v, v_max)
+            return mars_adam_direction(m, v_denominator, t, b1_1d, b2_1d, eps), m, v, v_max, None
 
         def update_for(role: TensorRole):
             return mars_layer if _uses_mars(role, optimize_1d) else adamw_1d_layer
@@ -146,32 +172,35 @@ def scale_by_mars(
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def mars_param_labels(optimize_1d: bool = False) -> Callable[[optax.Params], Any]:
+def mars_param_labels(
+    optimize_1d: bool = False, weight_dimension_numbers: WeightDimensionNumbers = None
+) -> Callable[[optax.Params], Any]:
     """``params -> labels``: ``"mars"`` for tensors MARS updates, ``"adamw_1d"`` for the separate AdamW."""
 
     def labels(params: optax.Params) -> Any:
         return map_roles(
             lambda role, p: MARS_LABEL if _uses_mars(role, optimize_1d) else ADAMW_1D_LABEL,
-            tensor_roles(params),
+            with_dimension_numbers(tensor_roles(params), params, weight_dimension_numbers),
             params,
         )
 
     return labels
 
 
-def _decay_mask(label: str, optimize_1d: bool, user_mask: Any = None) -> Callable[[optax.Params], Any]:
+def _decay_mask(
+    label: str, labels: Callable[[optax.Params], Any], user_mask: Any = None
+) -> Callable[[optax.Params], Any]:
     """Mask of the tensors carrying ``label``, intersected with an optax-style user mask (prefix tree or callable)."""
-    label_fn = mars_param_labels(optimize_1d)
 
     def mask(params: optax.Params) -> Any:
-        labels = label_fn(params)
+        labels_of_params = labels(params)
         if user_mask is None:
-            return jax.tree.map(lambda lab: lab == label, labels)
+            return jax.tree.map(lambda lab: lab == label, labels_of_params)
         user = user_mask(params) if callable(user_mask) else user_mask
         return jax.tree.map(
             lambda keep, sub: jax.tree.map(lambda lab: bool(keep) and lab == label, sub),
             user,
-            labels,
+            labels_of_params,
         )
 
     return mask
@@ -202,6 +231,8 @@ def mars(
     mu_dtype: Any = None,
     prev_dtype: Any = None,
     max_grad_norm: float | None = None,
+    weight_dimension_numbers: WeightDimensionNumbers = None,
+    amsgrad: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
     r"""The MARS optimizer (Yuan et al. 2024, arXiv 2411.10438), matching the official implementation.
 
@@ -214,7 +245,8 @@ def mars(
     Args:
         learning_rate: :math:`\eta`, a float or an optax schedule.
         variant: ``"adamw"``, ``"lion"`` or ``"shampoo"``.
-        b1, b2, eps, gamma, exact, optimize_1d, b1_1d, b2_1d, mu_dtype, prev_dtype: see :func:`scale_by_mars`.
+        b1, b2, eps, gamma, exact, optimize_1d, b1_1d, b2_1d, mu_dtype, prev_dtype, weight_dimension_numbers,
+            amsgrad: see :func:`scale_by_mars`.
         weight_decay: decay of MARS tensors.
         weight_decay_mask: optax-style mask (pytree prefix or callable) restricting ``weight_decay``. It only
             affects MARS tensors; vector tensors always decay with ``weight_decay_1d`` (set it to 0 to disable),
@@ -233,6 +265,7 @@ def mars(
         learning_rate_1d = _halved(learning_rate)
     validate_step_sizes(learning_rate=learning_rate, learning_rate_1d=learning_rate_1d, weight_decay=weight_decay,
                         weight_decay_1d=weight_decay_1d)
+    labels = mars_param_labels(optimize_1d, weight_dimension_numbers)
     return optax.chain(
         scale_by_mars(
             variant,
@@ -247,14 +280,16 @@ def mars(
             max_grad_norm=max_grad_norm,
             mu_dtype=mu_dtype,
             prev_dtype=prev_dtype,
+            weight_dimension_numbers=weight_dimension_numbers,
+            amsgrad=amsgrad,
         ),
-        optax.add_decayed_weights(weight_decay, _decay_mask(MARS_LABEL, optimize_1d, weight_decay_mask)),
-        optax.add_decayed_weights(weight_decay_1d, _decay_mask(ADAMW_1D_LABEL, optimize_1d)),
+        optax.add_decayed_weights(weight_decay, _decay_mask(MARS_LABEL, labels, weight_decay_mask)),
+        optax.add_decayed_weights(weight_decay_1d, _decay_mask(ADAMW_1D_LABEL, labels)),
         optax.partition(
             {
                 MARS_LABEL: optax.scale_by_learning_rate(learning_rate),
                 ADAMW_1D_LABEL: optax.scale_by_learning_rate(learning_rate_1d),
             },
-            mars_param_labels(optimize_1d),
+            labels,
         ),
     )

@@ -27,14 +27,18 @@ class ScaleByMarsState(NamedTuple):
         nu: second moment where one is used (AdamW-form tensors); ``optax.MaskedNode()`` elsewhere.
         prev: approx mode: the previous (globally clipped) gradient of every tensor that is corrected
             (``MaskedNode`` elsewhere); exact mode: the previous parameters of every tensor (``prev_dtype``).
+        nu_max: with ``amsgrad``, the running maximum of ``nu`` wherever there is a ``nu``; ``MaskedNode``
+            elsewhere and everywhere without it.
 
-    Absent buffers are ``MaskedNode`` (a pytree without leaves), so they cost nothing and checkpoint cleanly.
+    Absent buffers are ``MaskedNode`` (a pytree without leaves), so they cost nothing and checkpoint cleanly: without
+    ``amsgrad`` the state stores the same leaves under the same paths as before ``nu_max`` existed.
     """
 
     count: jax.Array
     mu: optax.Updates
     nu: optax.Updates
     prev: optax.Updates
+    nu_max: optax.Updates = optax.MaskedNode()
 
 
 def global_clip_scale(tree: Any, max_norm: Optional[float]) -> Any:
@@ -49,17 +53,21 @@ def global_clip_scale(tree: Any, max_norm: Optional[float]) -> Any:
 
 
 def initial_state(params: Any, roles: Any, *, exact: bool, corrected: Callable[[TensorRole], bool],
-                  has_second_moment: Callable[[TensorRole], bool], mu_dtype: Any, prev_dtype: Any) -> ScaleByMarsState:
+                  has_second_moment: Callable[[TensorRole], bool], mu_dtype: Any, prev_dtype: Any,
+                  amsgrad: bool = False) -> ScaleByMarsState:
     """Zero moments; ``prev``: the parameters (exact), else a zero previous gradient where ``corrected``."""
     mu = map_roles(lambda role, p: otu.tree_zeros_like(p, dtype=mu_dtype), roles, params)
     nu = map_roles(lambda role, p: otu.tree_zeros_like(p) if has_second_moment(role) else ABSENT, roles, params)
+    # Buffers of their own, not nu's (a donated state must not hold one buffer twice).
+    nu_max = map_roles(lambda role, p: otu.tree_zeros_like(p) if amsgrad and has_second_moment(role) else ABSENT,
+                       roles, params)
     if exact:
         prev = otu.tree_cast(jax.tree.map(jnp.copy, params), prev_dtype)
     else:
         prev = map_roles(
             lambda role, p: otu.tree_zeros_like(p, dtype=prev_dtype) if corrected(role) else ABSENT, roles, params
         )
-    return ScaleByMarsState(count=jnp.zeros([], jnp.int32), mu=mu, nu=nu, prev=prev)
+    return ScaleByMarsState(count=jnp.zeros([], jnp.int32), mu=mu, nu=nu, prev=prev, nu_max=nu_max)
 
 
 class PreviousGradient(NamedTuple):
@@ -130,9 +138,11 @@ def mars_family_step(
 ) -> tuple[Any, ScaleByMarsState]:
     """Runs ``update_for(role)`` on every layer of every tensor; returns (directions, new state).
 
-    The layer update's fourth output is the new previous gradient (approx); exact mode stores the parameters instead.
+    The layer update's last output is the new previous gradient (approx); exact mode stores the parameters instead.
     """
     replaced_prev = map_roles(lambda role, g: ABSENT, roles, grads) if exact else state.prev
-    out = map_layer_update(update_for, roles, grads, state.mu, state.nu, previous.gradient, replaced_prev)
+    out = map_layer_update(update_for, roles, grads, state.mu, state.nu, state.nu_max, previous.gradient,
+                           replaced_prev)
     prev = jax.tree.map(lambda p, old: p.astype(old.dtype), params, state.prev) if exact else out.prev
-    return out.direction, ScaleByMarsState(count=optax.safe_increment(state.count), mu=out.mu, nu=out.nu, prev=prev)
+    return out.direction, ScaleByMarsState(count=optax.safe_increment(state.count), mu=out.mu, nu=out.nu, prev=prev,
+                                           nu_max=out.nu_max)

@@ -36,48 +36,50 @@ from levanter_mars.optim.mars_family import (
     initial_state,
     mars_family_step,
 )
-from levanter_mars.optim.tensor_roles import TensorKind, TensorRole, is_role, map_roles, tensor_roles
+from levanter_mars.optim.dimension_numbers import (
+    WeightDimensionNumbers,
+    tree_of,
+    warn_undeclared,
+    with_dimension_numbers,
+)
+from levanter_mars.optim.role_queries import is_embedding_or_head
+from levanter_mars.optim.tensor_roles import TensorKind, TensorRole, map_roles, tensor_roles
 from levanter_mars.optim.update_rules import adam_moments, mars_m_adam_direction, moonlight_scale, orthogonalize
 
-#: Axis names of an output vocabulary; an ``Embedding``'s ``Vocab`` axes count too.
-VOCAB_AXIS_NAMES = frozenset({"vocab"})
 
-
-def _with_kind(role: TensorRole, matrix: bool) -> TensorRole:
-    return dataclasses.replace(role, kind=TensorKind.MATRIX if matrix else TensorKind.VECTOR)
+def _with_kind(role: TensorRole, matrix: bool, *, by_user: bool = False) -> TensorRole:
+    """``role`` as a matrix or not; ``by_user``: a mask decided it, so nothing is left to warn about."""
+    return dataclasses.replace(role, kind=TensorKind.MATRIX if matrix else TensorKind.VECTOR,
+                               by_rule=role.by_rule or by_user)
 
 
 def _unwrap(x: Any) -> Any:
     return x.array if hax.is_named_array(x) else x
 
 
-def mars_m_roles(params: Any, matrix_mask: Any = None) -> Any:
+def mars_m_roles(params: Any, matrix_mask: Any = None, weight_dimension_numbers: WeightDimensionNumbers = None) -> Any:
     """The :func:`~levanter_mars.optim.tensor_roles.tensor_roles` of ``params`` with MARS-M's choice of matrices.
 
-    By default a matrix is a ``Linear`` weight (or a 2-D plain array), except the LM head: a ``Linear`` whose ``Out``
-    axes include a vocabulary (an axis named ``vocab`` or the ``Vocab`` of an ``Embedding`` in ``params``).
-    ``Embedding`` tables and everything else take AdamW, as the official trainer routes ``wte``, ``wpe`` and
-    ``lm_head``. ``matrix_mask``, an optax-style prefix tree or callable of bools, overrides the choice.
+    By default a matrix is a ``Linear`` weight (or a 2-D plain array), except the LM head
+    (:func:`~levanter_mars.optim.role_queries.is_embedding_or_head`, the rule the role audit uses too): a ``Linear``
+    whose ``Out`` axes include a vocabulary (an axis named ``vocab`` or the ``Vocab`` of an ``Embedding`` in
+    ``params``). ``Embedding`` tables and everything else take AdamW, as the official trainer routes ``wte``, ``wpe``
+    and ``lm_head``. A tensor given ``weight_dimension_numbers`` is a matrix of them (``None``: AdamW for a plain
+    array); see :mod:`levanter_mars.optim.dimension_numbers`. ``matrix_mask``, an optax-style prefix tree or callable
+    of bools, overrides the choice.
     """
-    roles = tensor_roles(params)
+    roles = with_dimension_numbers(tensor_roles(params), params, weight_dimension_numbers)
     if matrix_mask is not None:
-        mask = matrix_mask(params) if callable(matrix_mask) else matrix_mask
+        mask = tree_of(matrix_mask, params)
         # A mask built with jax.tree.map over a Haliax model holds NamedArrays of bools.
         return jax.tree.map(
-            lambda keep, sub: map_roles(lambda role: _with_kind(role, bool(_unwrap(keep))), sub),
+            lambda keep, sub: map_roles(lambda role: _with_kind(role, bool(_unwrap(keep)), by_user=True), sub),
             mask,
             roles,
             is_leaf=hax.is_named_array,
         )
-    vocab = set(VOCAB_AXIS_NAMES)
-    for role in jax.tree.leaves(roles, is_leaf=is_role):
-        if is_role(role) and role.embedding:
-            vocab.update(role.rows or ())
-
-    def is_matrix(role: TensorRole) -> bool:
-        return role.is_matrix and not role.embedding and not vocab.intersection(role.rows or ())
-
-    return map_roles(lambda role: _with_kind(role, is_matrix(role)), roles)
+    embedding_or_head = is_embedding_or_head(roles)
+    return map_roles(lambda role: _with_kind(role, role.is_matrix and not embedding_or_head(role)), roles)
 
 
 def scale_by_mars_m(
@@ -94,6 +96,7 @@ def scale_by_mars_m(
     max_grad_norm: float | None = None,
     mu_dtype: Any = None,
     prev_dtype: Any = None,
+    weight_dimension_numbers: WeightDimensionNumbers = None,
 ) -> optax.GradientTransformationExtraArgs:
     """MARS-M's directions (the module docstring states the math): no learning rate, no decay.
 
@@ -113,33 +116,37 @@ def scale_by_mars_m(
         return role.is_matrix and not efficient
 
     def init_fn(params: optax.Params) -> ScaleByMarsState:
+        roles = mars_m_roles(params, matrix_mask, weight_dimension_numbers)
+        warn_undeclared(roles, params)
         return initial_state(
-            params, mars_m_roles(params, matrix_mask), exact=exact, corrected=corrected, mu_dtype=mu_dtype,
+            params, roles, exact=exact, corrected=corrected, mu_dtype=mu_dtype,
             prev_dtype=prev_dtype, has_second_moment=lambda role: not role.is_matrix,
         )
 
     def update_fn(grads, state: ScaleByMarsState, params=None, *, obj_fn=None, **extra_args):
         del extra_args
-        roles = mars_m_roles(grads, matrix_mask)
+        roles = mars_m_roles(grads, matrix_mask, weight_dimension_numbers)
         step = begin_step(grads, state, params, obj_fn, gamma=gamma, exact=exact, corrected=corrected, roles=roles,
                           max_grad_norm=max_grad_norm)
         t, gamma_t, clip = step.t, step.gamma, step.clip
 
-        # One layer of one tensor, in float32: (direction, m_t, v_t, the gradient kept as the next g~_{t-1}).
-        def mars_m_layer(layout, g, m, v, g_prev):
+        # One layer of one tensor, in float32: (direction, m_t, v_t, max v (MARS-M has no amsgrad: None), the
+        # gradient kept as the next g~_{t-1}).
+        def mars_m_layer(layout, g, m, v, v_max, g_prev):
             c = clipped_correction(g, g_prev, step, b1)  # c_t = Clip(g_t + gamma b1/(1-b1) (g_t - g~_{t-1}), 1)
             m = b1 * m + (1 - b1) * c
-            return moonlight_scale(layout) * orthogonalize(m, layout, ns_steps), m, v, ordered_on_cpu(clip, m) * g
+            direction = moonlight_scale(layout) * orthogonalize(m, layout, ns_steps)
+            return direction, m, v, None, ordered_on_cpu(clip, m) * g
 
-        def efficient_layer(layout, g, m, v, g_prev):
+        def efficient_layer(layout, g, m, v, v_max, g_prev):
             # b_t = b1 b_{t-1} + (1-gamma)(1-b1)/b1 g_t; gamma g_t + b1 b_t is m_t without the clip.
             g = clip * g
             m = b1 * m + ((1 - gamma_t) * (1 - b1) / b1) * g
-            return moonlight_scale(layout) * orthogonalize(gamma_t * g + b1 * m, layout, ns_steps), m, v, None
+            return moonlight_scale(layout) * orthogonalize(gamma_t * g + b1 * m, layout, ns_steps), m, v, None, None
 
-        def adamw_layer(layout, g, m, v, g_prev):
+        def adamw_layer(layout, g, m, v, v_max, g_prev):
             m, v = adam_moments(clip * g, m, v, b1_adamw, b2_adamw)
-            return mars_m_adam_direction(m, v, t, b1_adamw, b2_adamw, eps), m, v, None
+            return mars_m_adam_direction(m, v, t, b1_adamw, b2_adamw, eps), m, v, None, None
 
         def update_for(role: TensorRole):
             if not role.is_matrix:
@@ -167,6 +174,7 @@ def mars_m(
     mu_dtype: Any = None,
     prev_dtype: Any = None,
     max_grad_norm: float | None = None,
+    weight_dimension_numbers: WeightDimensionNumbers = None,
 ) -> optax.GradientTransformationExtraArgs:
     r"""The MARS-M optimizer (arXiv 2510.21800), matching the official implementation.
 
@@ -190,6 +198,8 @@ def mars_m(
         prev_dtype: dtype of the stored previous gradient (approx) or previous parameters (exact).
         max_grad_norm: if set, clip raw gradients to this global norm first (the official trainer uses 1.0); in
             exact mode the previous-parameter gradient is clipped the same way.
+        weight_dimension_numbers: optax-style dimension numbers (``optax.contrib.MuonDimensionNumbers``), as optax's
+            Muon takes them: a tree, prefix tree or callable; ``None`` for AdamW (see :func:`mars_m_roles`).
 
     Returns:
         ``optax.GradientTransformationExtraArgs``. Call ``update(grads, state, params)``, adding
@@ -210,6 +220,7 @@ def mars_m(
             max_grad_norm=max_grad_norm,
             mu_dtype=mu_dtype,
             prev_dtype=prev_dtype,
+            weight_dimension_numbers=weight_dimension_numbers,
         ),
         optax.add_decayed_weights(weight_decay),
         optax.scale_by_learning_rate(learning_rate),

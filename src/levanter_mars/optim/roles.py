@@ -11,8 +11,9 @@ The table counts tensors, the per-layer (and per-expert) matrices or vectors the
 parameters add up to the model's total. A tensor that no rule makes a matrix but that has more than one axis besides
 its layer axes is a warning naming it: it would otherwise take the 1-D branch silently.
 
-``python -m levanter_mars.optim.roles --config_path X`` prints the table for a training config without training; the
-trainer logs the same table before its first step.
+``python -m levanter_mars.optim.roles --config_path X`` prints the table for a training config without training (the
+trainer logs the same table before its first step); ``--verbose`` adds every parameter with its branch, shape,
+per-tensor axes and matrix layout.
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from typing import Any, Sequence
 import haliax as hax
 import jax
 
-from levanter_mars.optim.tensor_roles import TensorRole, is_role, tensor_roles
+from levanter_mars.optim.dimension_numbers import WeightDimensionNumbers, plain_axis_names, with_dimension_numbers
+from levanter_mars.optim.role_queries import (
+    is_embedding_or_head,
+    role_entries,
+    undeclared_multi_axis,
+    undeclared_warning,
+)
+from levanter_mars.optim.tensor_roles import TensorRole, tensor_roles
 
 MATRIX, EMBEDDING_OR_HEAD, VECTOR = "MARS matrix", "embedding/head", "AdamW/1-D"
 BRANCHES = (MATRIX, EMBEDDING_OR_HEAD, VECTOR)
@@ -42,6 +50,20 @@ class BranchCount:
 
 
 @dataclasses.dataclass(frozen=True)
+class TensorEntry:
+    """One parameter as the optimizer sees it."""
+
+    path: str
+    branch: str
+    shape: str
+    """``name=size`` per axis for a named array (in storage order), the shape for a plain one."""
+    per_tensor_axes: tuple[str, ...]
+    """The axes each slice of which is its own tensor (layers, experts, batch axes of dimension numbers)."""
+    matrix: str
+    """``rows x cols`` for a matrix, empty otherwise."""
+
+
+@dataclasses.dataclass(frozen=True)
 class RoleAudit:
     rows: tuple[BranchCount, ...]
     total_parameters: int
@@ -49,6 +71,17 @@ class RoleAudit:
     warnings: tuple[str, ...]
     branch_of: dict[str, str]
     """``{path: branch}`` for every tensor."""
+    entries: tuple[TensorEntry, ...] = ()
+
+    def listing(self) -> str:
+        """Every parameter with its branch, shape, per-tensor axes and matrix layout (``--verbose``)."""
+        columns = ("parameter", "branch", "shape", "per-tensor axes", "matrix (rows x cols)")
+        cells = [columns] + [(e.path, e.branch, e.shape, ", ".join(e.per_tensor_axes) or "-", e.matrix or "-")
+                             for e in self.entries]
+        widths = [max(len(row[i]) for row in cells) for i in range(len(columns) - 1)]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1] for row in cells]
+        lines.insert(1, "-" * len(lines[0]))
+        return "\n".join(line.rstrip() for line in lines)
 
     def table(self) -> str:
         header = f"{'branch':<16} {'update':<22} {'tensors':>8} {'per-layer':>10} {'parameters':>14} {'share':>7}"
@@ -67,13 +100,13 @@ class RoleAudit:
 
 
 def branch_updates(optimizer: Any) -> dict[str, str]:
-    """What each branch's tensors receive from ``optimizer`` (a Levanter ``OptimizerConfig``)."""
-    from levanter_mars.optim.levanter_config import MarsMConfig, MarsOptimizerConfig
-
-    if isinstance(optimizer, MarsMConfig):
+    """What each branch's tensors receive from ``optimizer`` (a Levanter ``OptimizerConfig``, or anything else)."""
+    # A config of ours has imported its module; without it, no Levanter needs importing.
+    configs = sys.modules.get("levanter_mars.optim.levanter_config")
+    if configs is not None and isinstance(optimizer, configs.MarsMConfig):
         efficient = " (efficient)" if optimizer.efficient else ""
         return {MATRIX: f"MARS-M{efficient}", EMBEDDING_OR_HEAD: "AdamW", VECTOR: "AdamW"}
-    if isinstance(optimizer, MarsOptimizerConfig):
+    if configs is not None and isinstance(optimizer, configs.MarsOptimizerConfig):
         mars = f"MARS-{optimizer.variant}" + (" exact" if optimizer.exact else "")
         return {MATRIX: mars, EMBEDDING_OR_HEAD: mars, VECTOR: mars if optimizer.optimize_1d else "AdamW (1-D)"}
     name = type(optimizer).__name__
@@ -89,55 +122,52 @@ def _size(x: Any) -> int:
     return math.prod(x.array.shape if hax.is_named_array(x) else x.shape)
 
 
-def _non_layer_axes(role: TensorRole, x: Any) -> tuple[str, ...] | int:
+def _axis_sizes(role: TensorRole, x: Any) -> dict[str, int]:
+    """Sizes by the names the role uses (a plain array's undeclared dims beyond its layer axes are left out)."""
     if hax.is_named_array(x):
-        return tuple(a.name for a in x.axes if a.name not in role.layer_axes)
-    return len(x.shape) - len(role.layer_axes)
+        return {a.name: a.size for a in x.axes}
+    if role.declared:
+        return dict(zip(plain_axis_names(len(x.shape)), x.shape))
+    return dict(zip(role.layer_axes, x.shape))
 
 
-def _per_layer_count(role: TensorRole, x: Any) -> int:
-    if not role.layer_axes:
-        return 1
-    if hax.is_named_array(x):
-        return math.prod(x.axis_size(name) for name in role.layer_axes)
-    return math.prod(x.shape[: len(role.layer_axes)])
+def _entry(path: str, branch: str, role: TensorRole, x: Any) -> TensorEntry:
+    shape = " ".join(f"{a.name}={a.size}" for a in x.axes) if hax.is_named_array(x) else str(tuple(x.shape))
+    matrix = ""
+    if role.is_matrix:  # a plain array's default matrix is its last two dims
+        rows, cols = (role.rows, role.cols) if role.rows is not None else (("dim -2",), ("dim -1",))
+        matrix = f"({', '.join(rows)}) x ({', '.join(cols)})"
+    return TensorEntry(path, branch, shape, role.layer_axes, matrix)
 
 
-def audit_roles(params: Any, optimizer: Any) -> RoleAudit:
-    """The audit of a parameter tree (real arrays or ``jax.eval_shape`` structs) for ``optimizer``."""
-    roles = tensor_roles(params)
-    flat_roles, _ = jax.tree_util.tree_flatten_with_path(roles, is_leaf=is_role)
-    flat_params = jax.tree_util.tree_flatten_with_path(params, is_leaf=hax.is_named_array)[0]
+def audit_roles(params: Any, optimizer: Any, weight_dimension_numbers: WeightDimensionNumbers = None) -> RoleAudit:
+    """The audit of a parameter tree (real arrays or ``jax.eval_shape`` structs) for ``optimizer``, with the
+    optimizer's ``weight_dimension_numbers`` if it has any."""
+    roles = with_dimension_numbers(tensor_roles(params), params, weight_dimension_numbers)
+    embedding_or_head = is_embedding_or_head(roles)
     # Parameters are the floating-point arrays (as Levanter's parameter_count has it), not flags such as dropout's.
-    arrays = {jax.tree_util.keystr(path): x for path, x in flat_params if _is_parameter(x)}
-    vocab = {name for _, role in flat_roles if is_role(role) and role.embedding for name in role.rows or ()}
+    entries = [(name, role, x) for name, role, x in role_entries(roles, params) if _is_parameter(x)]
 
     counts = {branch: [0, 0, 0] for branch in BRANCHES}
-    branch_of, warnings = {}, []
-    for path, role in flat_roles:
-        name = jax.tree_util.keystr(path)
-        if not is_role(role) or name not in arrays:
-            continue
-        x = arrays[name]  # a NamedArray's role sits where the NamedArray sat
+    branch_of, warnings, listed = {}, [], []
+    for name, role, x in entries:
         if role.is_matrix:
-            head = role.embedding or bool(vocab.intersection(role.rows or ()))
-            branch = EMBEDDING_OR_HEAD if head else MATRIX
+            branch = EMBEDDING_OR_HEAD if embedding_or_head(role) else MATRIX
         else:
             branch = VECTOR
-            extra = _non_layer_axes(role, x)
-            if not role.by_rule and (len(extra) if isinstance(extra, tuple) else extra) > 1:
-                warnings.append(
-                    f"{name}: no rule makes this tensor a matrix, but it has {extra} besides its layer axes "
-                    f"{role.layer_axes}; it takes the 1-D branch (declare it with register_tensor_role_rule)"
-                )
+            if undeclared_multi_axis(role, x):
+                warnings.append(undeclared_warning(name, role, x))
         branch_of[name] = branch
-        for i, n in enumerate((1, _per_layer_count(role, x), _size(x))):
+        listed.append(_entry(name, branch, role, x))
+        per_layer = math.prod(_axis_sizes(role, x)[axis] for axis in role.layer_axes)
+        for i, n in enumerate((1, per_layer, _size(x))):
             counts[branch][i] += n
 
-    total = sum(_size(x) for x in arrays.values())
+    flat_params = jax.tree_util.tree_flatten_with_path(params, is_leaf=hax.is_named_array)[0]
+    total = sum(_size(x) for _, x in flat_params if _is_parameter(x))
     updates = branch_updates(optimizer)
     rows = tuple(BranchCount(b, updates[b], *counts[b]) for b in BRANCHES)
-    return RoleAudit(rows, total, tuple(warnings), branch_of)
+    return RoleAudit(rows, total, tuple(warnings), branch_of, tuple(listed))
 
 
 def audit_model(model_config: Any, optimizer: Any, vocab_size: int) -> RoleAudit:
@@ -176,6 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--vocab_size", type=int, default=None, help="default: the size of data.tokenizer, if a local directory"
     )
+    parser.add_argument("--verbose", action="store_true",
+                        help="also list every parameter with its branch, shape, per-tensor axes and matrix layout")
     args = parser.parse_args(argv)
 
     import draccus
@@ -195,6 +227,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     audit = audit_model(model, optimizer, vocab_size)
     print(f"Tensor roles of {args.config_path} (model.type={type(model).__name__}, vocab {vocab_size}):")
     print(audit.table())
+    if args.verbose:
+        print()
+        print(audit.listing())
     for warning in audit.warnings:
         print(f"warning: {warning}")
     return 0

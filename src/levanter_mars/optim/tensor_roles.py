@@ -16,9 +16,16 @@ scanned layers (``haliax.nn.Stacked``) add a leading layer axis, so a LayerNorm 
 * The ``Block`` axis of every enclosing ``haliax.nn.Stacked`` (and an ``MoELinear``'s ``Experts``) is a *layer axis*: per-tensor quantities (the clip
   norm, Newton-Schulz, the Shampoo factor) are computed per layer, so a stacked model is optimized exactly as if
   each layer were its own tensor.
-* Plain (unnamed) arrays follow the reference: two dimensions mean a matrix of (rows = dim 0, cols = dim 1).
+* A ``haliax.nn.Linear`` whose ``Out`` or ``In`` holds an experts axis (:func:`register_expert_axis_name`; default
+  ``experts``), experts fused into one Linear, is a matrix *per expert*, like an ``MoELinear``; a router, whose ``Out``
+  is nothing but the experts axis, stays one matrix.
+* Plain (unnamed) arrays follow the reference: two dimensions mean a matrix of (rows = dim 0, cols = dim 1). Any
+  other layout is declared with optax-style dimension numbers (:mod:`levanter_mars.optim.dimension_numbers`).
 
-Other modules can declare their matrices with :func:`register_tensor_role_rule`.
+Other modules declare their matrices with :func:`register_tensor_role_rule`; the rule of the most specific class
+wins (a rule for a subclass of ``hnn.Linear`` overrides ``Linear``'s, and a rule registered for a built-in class
+replaces the built-in). What MARS-M and the role audit ask of the roles (the one LM-head rule, the tensors that would
+take the 1-D branch silently) is in :mod:`levanter_mars.optim.role_queries`.
 """
 
 from __future__ import annotations
@@ -49,8 +56,11 @@ class TensorRole:
         rows, cols: for named matrices, the axis names that form the rows (``Out``) and the columns (``In``).
             ``None`` for plain arrays, whose rows and columns are dims 0 and 1 (after the layer dims).
         embedding: an ``Embedding`` table (a matrix to MARS; MARS-M gives embeddings to AdamW).
-        by_rule: a registered rule decided the role; False for the generic fallback (any other named array, and
-            plain arrays), which the role audit warns about when such a vector has more than one non-layer axis.
+        by_rule: a registered rule (or dimension numbers) decided the role; False for the generic fallback (any
+            other named array, and plain arrays), which is warned about when such a vector has more than one
+            non-layer axis (:func:`undeclared_multi_axis`).
+        declared: the user's dimension numbers decided the role: a matrix of their rows and columns, which no
+            LM-head rule moves to AdamW. Plain arrays so declared are named ``dim0``, ``dim1``, ... by position.
     """
 
     kind: TensorKind
@@ -59,6 +69,7 @@ class TensorRole:
     cols: tuple[str, ...] | None = None
     embedding: bool = False
     by_rule: bool = True
+    declared: bool = False
 
     @property
     def is_matrix(self) -> bool:
@@ -73,14 +84,24 @@ RoleRule = Callable[[Any, tuple[str, ...]], Any]
 _MODULE_RULES: dict[type, RoleRule] = {}
 
 
+#: Axis names that hold a model's experts (see :func:`register_expert_axis_name`).
+_EXPERT_AXIS_NAMES = {"experts"}
+
+
 def register_tensor_role_rule(module_type: type, rule: RoleRule) -> None:
     """Teach :func:`tensor_roles` which fields of ``module_type`` are matrices.
 
     ``rule(module, layer_axes)`` must return the module with each array field replaced by a :class:`TensorRole`
-    (fields that are ``None`` or masked stay as they are). Rules are matched with ``isinstance`` in registration
-    order, so subclasses inherit their parent's rule.
+    (fields that are ``None`` or masked stay as they are). A module takes the rule of the most specific class in its
+    method resolution order that has one: subclasses inherit their parent's rule until they register their own, and
+    registering for a class that already has a rule (a built-in one included) replaces it.
     """
     _MODULE_RULES[module_type] = rule
+
+
+def register_expert_axis_name(name: str) -> None:
+    """Declare ``name`` an experts axis: a ``Linear`` whose ``Out`` or ``In`` holds it is a matrix per expert."""
+    _EXPERT_AXIS_NAMES.add(name)
 
 
 def _replace_if_array(module: Any, **roles: TensorRole) -> Any:
@@ -89,7 +110,13 @@ def _replace_if_array(module: Any, **roles: TensorRole) -> Any:
 
 
 def _linear_rule(linear: hnn.Linear, layer_axes: tuple[str, ...]) -> hnn.Linear:
-    weight = TensorRole(TensorKind.MATRIX, layer_axes, rows=_axis_names(linear.Out), cols=_axis_names(linear.In))
+    rows, cols = _axis_names(linear.Out), _axis_names(linear.In)
+    experts = tuple(name for name in rows + cols if name in _EXPERT_AXIS_NAMES)
+    per_expert_rows = tuple(name for name in rows if name not in experts)
+    per_expert_cols = tuple(name for name in cols if name not in experts)
+    if experts and per_expert_rows and per_expert_cols:  # experts fused into one Linear; not a router (Out = experts)
+        layer_axes, rows, cols = layer_axes + experts, per_expert_rows, per_expert_cols
+    weight = TensorRole(TensorKind.MATRIX, layer_axes, rows=rows, cols=cols)
     return _replace_if_array(linear, weight=weight, bias=TensorRole(TensorKind.VECTOR, layer_axes))
 
 
@@ -124,9 +151,9 @@ register_tensor_role_rule(LayerNormBase, _norm_rule)
 
 
 def _rule_for(node: Any) -> RoleRule | None:
-    for module_type, rule in _MODULE_RULES.items():
-        if isinstance(node, module_type):
-            return rule
+    for module_type in type(node).__mro__:
+        if module_type in _MODULE_RULES:
+            return _MODULE_RULES[module_type]
     return None
 
 
@@ -200,6 +227,7 @@ __all__ = [
     "is_role",
     "map_roles",
     "per_layer",
+    "register_expert_axis_name",
     "register_tensor_role_rule",
     "restore_axis_order",
     "tensor_roles",

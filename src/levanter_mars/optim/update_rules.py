@@ -19,6 +19,16 @@ def adam_moments(g: jax.Array, m: jax.Array, v: jax.Array, b1: float, b2: float)
     return b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g**2
 
 
+def amsgrad_denominator_moment(v: jax.Array, v_max: jax.Array | None) -> tuple[jax.Array, jax.Array | None]:
+    """The second moment the denominator uses, and the new running maximum: AMSGrad's ``max(v_max, v)`` for both
+    (the reference takes the max of the raw ``v`` and bias-corrects it as it would ``v``); without AMSGrad
+    (``v_max`` None), ``v`` itself."""
+    if v_max is None:
+        return v, None
+    v_max = jnp.maximum(v_max, v)
+    return v_max, v_max
+
+
 def mars_adam_direction(m: jax.Array, v: jax.Array, t: jax.Array, b1: float, b2: float, eps: float) -> jax.Array:
     """MARS's Adam step, eps added *after* the second-moment bias correction: m / ((sqrt(v/bc2) + eps) * bc1)."""
     bias_correction1 = 1.0 - jnp.power(b1, t)

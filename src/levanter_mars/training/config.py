@@ -18,7 +18,7 @@ from levanter.models.gpt2 import Gpt2Config
 from levanter.models.lm_model import LmConfig
 from levanter.optim import OptimizerConfig
 
-import levanter_mars.optim.levanter_config  # noqa: F401  (registers mars-adamw, mars-lion, mars-shampoo)
+import levanter_mars.optim.levanter_config  # noqa: F401  (registers mars-adamw, mars-lion, mars-shampoo, mars-m)
 from levanter_mars.compat.cli import argparse_errors_raise
 from levanter_mars.optim.levanter_config import MarsAdamWConfig
 from levanter_mars.training.data.config import DataConfig, UrlDataConfig

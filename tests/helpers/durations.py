@@ -1,0 +1,67 @@
+"""Where a test session's time went: a report at the end of every run, against a budget kept in the repository.
+
+``tests/durations_budget.json`` holds the expected seconds (setup + call + teardown, on CI's 2 cores) of the suite's
+slow tests. At the end of a session this plugin prints every test that took over :data:`OVER` times its budget and
+every slow test (marked ``slow``, or over :data:`UNBUDGETED_S`) that has no budget, so a slow new test is seen the day it
+lands. It is a report, not a failure: times on a shared 2-core machine are noisy. Each session's durations are written
+to ``.cache/test-durations.json``; ``python scripts/test_budget.py`` turns that file into a new budget.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BUDGET = REPO / "tests" / "durations_budget.json"
+DURATIONS = REPO / ".cache" / "test-durations.json"
+OVER = 1.5
+UNBUDGETED_S = 10.0
+
+_seconds: dict[str, float] = defaultdict(float)
+_slow: set[str] = set()
+_started = time.time()
+
+
+def load_budget(path: Path = BUDGET) -> dict[str, float]:
+    return json.loads(path.read_text())["seconds"] if path.exists() else {}
+
+
+def pytest_collection_modifyitems(items):
+    _slow.update(item.nodeid for item in items if item.get_closest_marker("slow"))
+
+
+def pytest_runtest_logreport(report):
+    _seconds[report.nodeid] += report.duration
+
+
+def over_budget(seconds: dict[str, float], budget: dict[str, float]) -> list[tuple[str, float, float]]:
+    return sorted(((t, s, budget[t]) for t, s in seconds.items() if t in budget and s > OVER * budget[t]),
+                  key=lambda row: row[1] - row[2], reverse=True)
+
+
+def unbudgeted(seconds: dict[str, float], budget: dict[str, float], slow: set[str]) -> list[tuple[str, float]]:
+    return sorted(((t, s) for t, s in seconds.items() if t not in budget and (t in slow or s > UNBUDGETED_S)),
+                  key=lambda row: row[1], reverse=True)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _seconds:
+        return
+    budget = load_budget()
+    write = terminalreporter.write_line
+    terminalreporter.section("time against tests/durations_budget.json (a report, not a failure)")
+    late = over_budget(_seconds, budget)
+    write(f"{len(late)} tests over {OVER}x their budget" + (":" if late else ""))
+    for test, took, expected in late:
+        write(f"  {took:7.1f} s (budget {expected:.1f} s)  {test}")
+    missing = unbudgeted(_seconds, budget, _slow)
+    write(f"{len(missing)} slow tests without a budget" + (":" if missing else ""))
+    for test, took in missing:
+        write(f"  {took:7.1f} s  {test}")
+    DURATIONS.parent.mkdir(exist_ok=True)
+    DURATIONS.write_text(json.dumps({"wall_seconds": round(time.time() - _started, 1), "slow": sorted(_slow & set(_seconds)),
+                                     "seconds": {t: round(s, 2) for t, s in sorted(_seconds.items())}}, indent=1))
+    write(f"durations of this session: {DURATIONS.relative_to(REPO)}")

@@ -1,0 +1,303 @@
+"""Python processes forked from one that has already imported the training stack, instead of started from scratch.
+
+Every end-to-end test runs programs as a user would (``python -c ...``, ``python -m ...``, ``python script.py``), each
+in a process of its own that can be killed, and most of the suite's time went into starting them: an interpreter that
+imports jax, Levanter, transformers, lm-eval, Ray and tensorstore again (6-20 s each, about 100 times a session).
+Here one *zygote* process imports all that once, before any JAX backend, thread or network client exists, and forks a
+child per program. The child sets its environment, working directory and output files, then runs the program as the
+interpreter would (``__main__``, ``sys.argv``, exit code, atexit handlers, a traceback on an uncaught exception) and
+exits. It is a real process: kill -9 kills it, a pod's processes join through ``jax.distributed`` as before.
+
+What a fork cannot give is a variable read while the zygote imported (``JAX_*`` flags become jax config defaults at
+import): a program whose environment differs from the zygote's in any variable outside :data:`READ_AFTER_IMPORT`
+runs as a plain subprocess instead, as does every program when ``LEVANTER_MARS_TEST_FORK=0``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing.connection import Client, Listener
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+#: Environment variables that are read when used, not when the zygote's modules were imported: a child may differ.
+#: XLA_FLAGS is parsed when the first backend starts (the zygote starts none); the storage emulator's variables when
+#: gcsfs/tensorstore first open a bucket (neither is imported or opened in the zygote: checked at its start).
+READ_AFTER_IMPORT = frozenset({
+    "XLA_FLAGS", "STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL", "PYTHONPATH", "LEVANTER_MARS_LAUNCH_ID",
+    "RUN_ID", "HF_TOKEN", "WANDB_API_KEY",
+})
+#: What the zygote imports before it forks: the training and eval entry points and what they import lazily.
+PRELOAD = ("levanter_mars.main.train_lm", "levanter_mars.main.eval_harness", "matplotlib.pyplot")
+#: Modules that must not be imported in the zygote, since they read the emulator's address at import.
+NOT_PRELOADED = ("gcsfs",)
+ENABLED = os.environ.get("LEVANTER_MARS_TEST_FORK", "1") != "0"
+POLL_S = 0.5
+
+
+# --------------------------------------------------------------------------------------------------- the client
+
+
+class ForkedProcess:
+    """The part of ``subprocess.Popen``'s interface the tests use, for a child of the zygote. Waiting needs no
+    polling: a pidfd (Linux) becomes readable when the child exits, then the zygote reaps it."""
+
+    def __init__(self, zygote: "Zygote", pid: int, args: Sequence[str]):
+        self._zygote, self.pid, self.args, self.returncode = zygote, pid, list(args), None
+        self._pidfd = os.pidfd_open(pid)
+
+    def poll(self) -> Optional[int]:
+        return self.wait(timeout=0) if self.returncode is None else self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+        if self.returncode is None:
+            readable, _, _ = select.select([self._pidfd], [], [], timeout)
+            if not readable:
+                if timeout == 0:
+                    return None
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self.returncode = self._zygote.reap(self.pid)
+            os.close(self._pidfd)
+        return self.returncode
+
+    def send_signal(self, signal_number: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal_number)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+class Zygote:
+    """The pytest process's connection to its zygote, started on first use and stopped at exit."""
+
+    def __init__(self, env: Mapping[str, str], cwd: str):
+        self.env = dict(env)
+        self._dir = tempfile.mkdtemp(prefix="levanter-mars-zygote-")
+        address, authkey = os.path.join(self._dir, "socket"), os.urandom(16)
+        self.log = Path(self._dir, "zygote.log")
+        with open(self.log, "w") as log:
+            self._server = subprocess.Popen(
+                [sys.executable, "-m", "tests.helpers.zygote", address], cwd=cwd, env=self.env,
+                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+            )
+        self._server.stdin.write(authkey.hex().encode() + b"\n")
+        self._server.stdin.close()
+        self._conn = self._connect(address, authkey)
+        atexit.register(self.close)
+
+    def _connect(self, address: str, authkey: bytes, timeout: float = 600):
+        """Waits for the zygote's socket, then for its imports ("ready"); fails with its log if it dies first."""
+        deadline = time.monotonic() + timeout
+        conn = None
+        while time.monotonic() < deadline and self._server.poll() is None:
+            if conn is None and os.path.exists(address):
+                conn = Client(address, family="AF_UNIX", authkey=authkey)
+            if conn is not None and conn.poll(0.2):
+                ready = conn.recv()
+                if ready == "ready":
+                    return conn
+                break
+            elif conn is None:
+                time.sleep(POLL_S)
+        self._server.kill()
+        raise RuntimeError(f"the test zygote did not start:\n{self.log.read_text(errors='replace')[-4000:]}")
+
+    def _call(self, *message):
+        self._conn.send(message)
+        reply = self._conn.recv()
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+    def spawn(self, args: Sequence[str], *, cwd: str, env: Mapping[str, str], stdout: str, stderr: str) -> ForkedProcess:
+        pid = self._call("spawn", list(args), str(cwd), dict(env), str(stdout), str(stderr))
+        return ForkedProcess(self, pid, [sys.executable, *args])
+
+    def reap(self, pid: int) -> int:
+        """The exit code of a child that has exited."""
+        return self._call("reap", pid)
+
+    def can_run(self, env: Mapping[str, str]) -> bool:
+        keys = set(env) | set(self.env)
+        return all(env.get(k) == self.env.get(k) for k in keys - READ_AFTER_IMPORT)
+
+    def close(self) -> None:
+        if self._server.poll() is None:
+            try:
+                self._call("exit")
+            except (EOFError, OSError):
+                pass
+            try:
+                self._server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._server.kill()
+        import shutil
+
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+_ZYGOTE: Optional[Zygote] = None
+
+
+def _zygote(env: Mapping[str, str], cwd: str) -> Optional[Zygote]:
+    global _ZYGOTE
+    if not ENABLED:
+        return None
+    if _ZYGOTE is None:
+        _ZYGOTE = Zygote(env, cwd)
+    return _ZYGOTE if _ZYGOTE.can_run(env) else None
+
+
+def popen(args: Sequence[str], *, cwd, env: Mapping[str, str], stdout=None, stderr=None, fork: bool = True):
+    """``subprocess.Popen([sys.executable, *args], ...)``, forked from the zygote where it can be (``fork=False``: a
+    fresh interpreter). ``stdout`` and ``stderr`` are open files, ``subprocess.DEVNULL``/``STDOUT`` or None."""
+    zygote = _zygote(env, str(cwd)) if fork else None
+    if zygote is None:
+        return subprocess.Popen([sys.executable, *args], cwd=cwd, env=dict(env), stdout=stdout, stderr=stderr)
+    out = _path_of(stdout)
+    err = out if stderr is subprocess.STDOUT else _path_of(stderr)
+    return zygote.spawn(args, cwd=cwd, env=env, stdout=out, stderr=err)
+
+
+def _path_of(stream) -> str:
+    if stream is None:
+        return ""  # inherit the zygote's (the test session's) stream
+    if stream is subprocess.DEVNULL:
+        return os.devnull
+    if isinstance(stream, io.IOBase) and hasattr(stream, "name"):
+        stream.flush()
+        return stream.name
+    raise ValueError(f"a forked process writes to a file, not to {stream!r}")
+
+
+def run(args: Sequence[str], *, cwd, env: Mapping[str, str], timeout: float, fork: bool = True
+        ) -> subprocess.CompletedProcess:
+    """``subprocess.run([sys.executable, *args], capture_output=True, text=True, ...)``, forked where it can be."""
+    with tempfile.TemporaryDirectory(prefix="levanter-mars-run-") as directory:
+        out_path, err_path = Path(directory, "stdout"), Path(directory, "stderr")
+        with open(out_path, "w") as out, open(err_path, "w") as err:
+            proc = popen(args, cwd=cwd, env=env, stdout=out, stderr=err, fork=fork)
+            try:
+                returncode = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise
+        read = lambda p: p.read_text(errors="replace")  # noqa: E731
+        return subprocess.CompletedProcess([sys.executable, *args], returncode, read(out_path), read(err_path))
+
+
+# --------------------------------------------------------------------------------------------------- the server
+
+
+def _serve(address: str):
+    """Imports, then forks a child per request. Returns only in a child, with its request."""
+    import ctypes
+    import importlib
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: end with the test session
+    authkey = bytes.fromhex(sys.stdin.readline().strip())
+    listener = Listener(address, family="AF_UNIX", authkey=authkey)
+    conn = listener.accept()
+    listener.close()
+    for module in PRELOAD:
+        importlib.import_module(module)
+    _check_fork_safe()
+    conn.send("ready")
+    children: set[int] = set()
+    while True:
+        try:
+            kind, *request = conn.recv()
+        except EOFError:
+            kind = "exit"
+        if kind == "reap":
+            children.discard(request[0])
+            conn.send(os.waitstatus_to_exitcode(os.waitpid(request[0], 0)[1]))
+        elif kind == "spawn":
+            sys.stdout.flush(), sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                conn.close()
+                ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # and with the zygote
+                return request
+            children.add(pid)
+            conn.send(pid)
+        else:
+            for pid in children:
+                os.kill(pid, signal.SIGKILL)
+            conn.send(None)
+            sys.exit(0)
+
+
+def _check_fork_safe() -> None:
+    import threading
+
+    from jax._src import xla_bridge
+
+    problems = []
+    if threading.active_count() != 1:
+        problems.append(f"threads {[t.name for t in threading.enumerate()]}")
+    if xla_bridge._backends:
+        problems.append(f"JAX backends {list(xla_bridge._backends)}")
+    problems += [f"{m} imported" for m in NOT_PRELOADED if m in sys.modules]
+    if problems:
+        raise RuntimeError("the zygote cannot fork safely: " + "; ".join(problems))
+
+
+def _redirect(fd: int, path: str, mode: int) -> None:
+    if path:
+        target = os.open(path, mode, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+
+
+def _become(args: list[str], cwd: str, env: dict[str, str], stdout: str, stderr: str):
+    """In the child: the process ``python ARGS`` would have been, up to running its program (returned)."""
+    import runpy
+    import types
+
+    os.environ.clear()
+    os.environ.update(env)
+    for entry in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    os.chdir(cwd)
+    _redirect(0, os.devnull, os.O_RDONLY)
+    _redirect(1, stdout, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    _redirect(2, stderr, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
+    if args[0] == "-c":
+        sys.argv = ["-c", *args[2:]]
+        return lambda: exec(compile(args[1], "<string>", "exec"), main.__dict__)
+    if args[0] == "-m":
+        sys.argv = [args[1], *args[2:]]
+        sys.modules.pop(args[1], None)  # preloaded: `python -m` runs it as __main__ only
+        return lambda: runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    sys.argv = list(args)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
+    return lambda: runpy.run_path(args[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    _program = _become(*_serve(sys.argv[1]))
+    try:
+        _program()
+    except SystemExit:
+        raise
+    except BaseException as error:  # noqa: BLE001 - reported as the interpreter would, without the zygote's frames
+        error = error.with_traceback(error.__traceback__.tb_next.tb_next)
+        sys.excepthook(type(error), error, error.__traceback__)
+        sys.exit(1)

@@ -3,6 +3,7 @@
     python scripts/size_pods.py run [--jobs 2] [--search]   # compile every case missing from docs/pods/*.json
     python scripts/size_pods.py table                         # rewrite docs/pods.md's tables and the configs'
                                                               # pre-flight comment lines
+    python scripts/size_pods.py migrate                       # bring older JSONs to today's fields (below)
 
 Cases: every shipped GPT-2 config on the slice its comment names (``--tpu_type`` in its Launch line) and on the next
 smaller slice of that generation; every config of the Llama ladder on the slice it names. ``--search`` also confirms
@@ -24,6 +25,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "pods"
@@ -103,8 +105,9 @@ def preflight(config: str, tpu_type: str, pdp: int | None = None) -> dict:
     result["preflight_wall_seconds"] = round(wall, 1)
     OUT.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
+    total = result["per_chip"]["total"]
     print(f"{config} {tpu_type} pdp={result['per_device_parallelism']}: "
-          f"{result['per_chip']['total'] / 2**30:.2f} GiB, fits={result['fits']}, "
+          f"{'refused' if total is None else f'{total / 2**30:.2f} GiB'}, fits={result['fits']}, "
           f"{result['compile_seconds']} s", flush=True)
     return result
 
@@ -125,7 +128,8 @@ def predicted_largest(result: dict) -> int | None:
         return None
     fixed = result["per_chip"]["total"] - result["per_chip"]["temporaries"]
     per_sequence = result["per_chip"]["temporaries"] / result["per_device_parallelism"]
-    fitting = [d for d in divisors(per_chip_batch(result)) if fixed + per_sequence * d <= result["hbm_bytes_per_chip"]]
+    usable = result["usable_hbm_bytes_per_chip"]
+    fitting = [d for d in divisors(per_chip_batch(result)) if fixed + per_sequence * d <= usable]
     return max(fitting) if fitting else None
 
 
@@ -175,12 +179,13 @@ def eval_cell(result: dict) -> str:
     evals = {k: v for k, v in result.get("eval", {}).items() if isinstance(v, dict)}
     if not evals:
         return "not compiled"
-    return ", ".join(f"{v['total'] / 2**30:.2f}{'' if v['fits'] else ' NO'}" for v in evals.values())
+    return ", ".join("refused" if v["total"] is None else f"{v['total'] / 2**30:.2f}{'' if v['fits'] else ' NO'}"
+                     for v in evals.values())
 
 
 def table() -> str:
     rows = ["| config | slice | topology | chips | pdp | params+opt GiB/chip | temp GiB/chip | total GiB/chip "
-            "| HBM GiB | fits | eval loss GiB/chip | largest pdp that fits | compile s (load) | pre-flight s "
+            "| usable / HBM GiB | fits | eval loss GiB/chip | largest pdp that fits | compile s (load) | pre-flight s "
             "| libtpu |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for config in configs():
@@ -192,10 +197,15 @@ def table() -> str:
             r = json.loads(path.read_text())
             c = r["per_chip"]
             gib = 2**30
+
+            def cell(n):
+                return "refused" if n is None else f"{n / gib:.2f}"
+
             rows.append(
                 f"| {Path(config).stem} | {tpu_type} | {r['topology']} | {r['chips']} | {r['per_device_parallelism']} "
-                f"| {(c['parameters'] + c['optimizer_state']) / gib:.2f} | {c['temporaries'] / gib:.2f} "
-                f"| {c['total'] / gib:.2f} | {r['hbm_bytes_per_chip'] / gib:.0f} | {'yes' if r['fits'] else 'NO'} "
+                f"| {(c['parameters'] + c['optimizer_state']) / gib:.2f} | {cell(c['temporaries'])} "
+                f"| {cell(c['total'])} | {cell(r['usable_hbm_bytes_per_chip'])} / {r['hbm_bytes_per_chip'] / gib:.0f} "
+                f"| {'yes' if r['fits'] else 'NO'} "
                 f"| {eval_cell(r)} | {largest_pdp(config, tpu_type)} | {r['compile_seconds']:.0f} "
                 f"({r.get('load_average') or '?'}) | {r.get('preflight_wall_seconds') or '?'} "
                 f"| {r.get('compiler', {}).get('libtpu') or '?'} |"
@@ -250,6 +260,54 @@ def write_headers() -> None:
         path.write_text("\n".join(lines) + "\n")
 
 
+def migrated(record: dict, usable: Any) -> dict:
+    """``record`` (a fit written before pre-flight judged programs against the usable HBM) in today's fields: the
+    usable HBM and its source after the nominal, headroom = usable - total, every ``fits`` against the usable HBM, and
+    a ``migrated`` note saying so. A refusal cannot be migrated: its figures did not say what they counted."""
+    if record.get("out_of_memory"):
+        raise SystemExit(f"{record['config']} on {record['tpu_type']}: a refusal; run its pre-flight again")
+    out = {}
+    for key, value in record.items():
+        if key == "compiler_hbm_bytes":  # the refused program's statement: now the usable HBM's source
+            continue
+        out[key] = value
+        if key == "hbm_bytes_per_chip":
+            out["usable_hbm_bytes_per_chip"], out["usable_hbm_source"] = usable.bytes, usable.source
+    evals = {name: e for name, e in out["eval"].items() if isinstance(e, dict)}
+    for e in evals.values():
+        e["fits"] = e["out_of_memory"] is None and e["total"] <= usable.bytes
+    out["headroom_bytes"] = usable.bytes - out["per_chip"]["total"]
+    out["fits"] = out["headroom_bytes"] >= 0 and all(e["fits"] for e in evals.values())
+    out["migrated"] = ("usable HBM stated by the record's libtpu for its topology (scripts/size_pods.py migrate); "
+                       "headroom and fits recomputed from the compiled totals, which are unchanged")
+    return out
+
+
+def migrate() -> None:
+    """Brings every JSON without ``usable_hbm_bytes_per_chip`` to today's fields (``migrated``). The usable HBM is
+    what the record's own compiler states, asked again here (``capacity.probe`` on its topology), so the libtpu the
+    record names must be the installed one."""
+    from levanter_mars.infra.preflight.capacity import probe
+    from levanter_mars.infra.preflight.report import compiler_versions
+    from levanter_mars.infra.preflight.topology import abstract_devices, tpu_target
+    from levanter_mars.infra.slices import slice_type
+
+    installed, stated = compiler_versions()["libtpu"], {}
+    for path in sorted(OUT.glob("*.json")):
+        record = json.loads(path.read_text())
+        if "usable_hbm_bytes_per_chip" in record:
+            continue
+        if record["compiler"]["libtpu"] != installed:
+            raise SystemExit(f"{path.name}: written by libtpu {record['compiler']['libtpu']}, installed {installed}: "
+                             "migrate it in a venv with its libtpu")
+        key = (record["tpu_type"], record["num_slices"])
+        if key not in stated:
+            target = tpu_target(slice_type(record["tpu_type"]))
+            stated[key] = probe(abstract_devices(target, record["num_slices"]), target.hbm_bytes_per_chip)
+        path.write_text(json.dumps(migrated(record, stated[key]), indent=1) + "\n")
+        print(f"{path.name}: usable {stated[key].bytes / 2**30:.2f} GiB", flush=True)
+
+
 def _replace(text: str, begin: str, body: str) -> str:
     start = text.index(begin) + len(begin)
     end = text.index(END, start)
@@ -264,11 +322,13 @@ def write_table() -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("command", choices=["run", "table"])
+    parser.add_argument("command", choices=["run", "table", "migrate"])
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--search", action="store_true", help="confirm the largest pdp that fits (confirm_largest)")
     args = parser.parse_args()
     if args.command == "run":
         run(args.jobs, args.search)
+    elif args.command == "migrate":
+        migrate()
     else:
         write_table()

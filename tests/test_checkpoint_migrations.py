@@ -1,18 +1,17 @@
 """Optimizer states in an earlier main's layout load into today's state (training/checkpointing/migrations.py).
 
-The reference is the earlier main's own code: its ``mars()``/``mars_m()``, read from git history (``--baseline-ref``'s
-loader), take two steps and their state is written as Levanter writes a checkpoint. Loaded through the migrations
-into today's optimizer, every value must be the stored one, and the next step of today's optimizer must be the next
-step of the earlier one.
+The reference is the earlier main's own code: its ``mars()``/``mars_m()`` took two steps and their state was written
+as Levanter writes a checkpoint, with the third step's updates beside it (tests/data/optimizer_states_f18f19f,
+recorded by tests/helpers/optimizer_states.py from git history, so that no test needs that history). Loaded through
+the migrations into today's optimizer, every value must be the stored one, and the next step of today's optimizer
+must be the next step of the earlier one.
 """
 
 from __future__ import annotations
 
 import logging
-import subprocess
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -21,36 +20,11 @@ from levanter.tensorstore_serialization import tree_deserialize_leaves_tensorsto
 from levanter_mars.optim import mars, mars_m
 from levanter_mars.training.checkpointing.migrations import CURRENT, LEADING_SLOT, load_in_any_layout
 from levanter_mars.training.errors import CheckpointError
-from tests.helpers.training import REPO
+from tests.helpers import optimizer_states
+from tests.helpers.optimizer_states import CASES, STEPS, grads
 
-OLD_MAIN = "f18f19f"  # the last main with the identity slot; 949b23f's layout is the same (test_checkpoint_upgrade)
-#: ``case(mars, mars_m)``: the optimizer, from the given main's ``mars`` and ``mars_m``.
-CASES = {
-    "mars-adamw": lambda mars, mars_m: mars(1e-2, weight_decay=0.1, max_grad_norm=1.0),
-    "mars-lion": lambda mars, mars_m: mars(1e-3, variant="lion"),
-    "mars-m": lambda mars, mars_m: mars_m(1e-2, weight_decay=0.1),
-}
 #: The two mains compute the same step; only the chain's numbering differs.
 STEP_TOLERANCE = 1e-6
-
-
-@pytest.fixture(scope="module")
-def old_optim():
-    if subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{OLD_MAIN}^{{commit}}"]).returncode != 0:
-        pytest.skip(f"no git history with {OLD_MAIN} to read the earlier optimizer from")
-    from levanter_mars.bench.baseline import load_optim
-
-    return load_optim(OLD_MAIN)
-
-
-def _params():
-    keys = jax.random.split(jax.random.PRNGKey(0), 3)
-    return {"w": jax.random.normal(keys[0], (16, 8)), "u": jax.random.normal(keys[1], (8, 24)),
-            "b": jax.random.normal(keys[2], (8,))}
-
-
-def _grads(params, step):
-    return jax.tree.map(lambda x: jnp.sin(3.0 * x + step), params)
 
 
 def _load(path, like):
@@ -61,33 +35,25 @@ def _load(path, like):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_a_state_stored_by_the_earlier_main_loads_migrated_and_steps_on(tmp_path, old_optim, case, caplog):
-    params = _params()
-    old, today = CASES[case](old_optim.mars, old_optim.mars_m), CASES[case](mars, mars_m)
-    state = old.init(params)
-    for step in range(2):
-        updates, state = old.update(_grads(params, step), state, params)
-        params = optax.apply_updates(params, updates)
-    assert type(state[1]).__name__ == "ScaleByMarsState"  # the layout this test is about
-    tree_serialize_leaves_tensorstore(str(tmp_path / "ckpt"), state)
-
+def test_a_state_stored_by_the_earlier_main_loads_migrated_and_steps_on(case, caplog):
+    recorded = optimizer_states.load(case)
+    today = CASES[case](mars, mars_m)
     with caplog.at_level(logging.INFO):
-        loaded = _load(tmp_path / "ckpt", today.init(params))
+        loaded = _load(recorded.state, today.init(recorded.params))
     assert "migrated on load" in caplog.text
-    assert jax.tree.structure(loaded) == jax.tree.structure(today.init(params))
-    for got, stored in zip(jax.tree.leaves(loaded), jax.tree.leaves(state), strict=True):
+    assert jax.tree.structure(loaded) == jax.tree.structure(today.init(recorded.params))
+    for got, stored in zip(jax.tree.leaves(loaded), recorded.leaves, strict=True):
         np.testing.assert_array_equal(got, stored)
 
-    expected, _ = old.update(_grads(params, 2), state, params)
-    got, _ = today.update(_grads(params, 2), loaded, params)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True):
+    got, _ = today.update(grads(recorded.params, STEPS), loaded, recorded.params)
+    for a, b in zip(jax.tree.leaves(got), recorded.next_updates, strict=True):
         assert np.max(np.abs(a - b)) <= STEP_TOLERANCE * np.max(np.abs(b)), (case, a, b)
 
 
 def test_a_state_in_todays_layout_loads_as_it_is(tmp_path, caplog):
-    params = _params()
+    params = optimizer_states.params()
     optimizer = mars(1e-2)
-    _, state = optimizer.update(_grads(params, 0), optimizer.init(params), params)
+    _, state = optimizer.update(grads(params, 0), optimizer.init(params), params)
     tree_serialize_leaves_tensorstore(str(tmp_path / "ckpt"), state)
     with caplog.at_level(logging.INFO):
         loaded = _load(tmp_path / "ckpt", optimizer.init(params))
@@ -97,7 +63,7 @@ def test_a_state_in_todays_layout_loads_as_it_is(tmp_path, caplog):
 
 
 def test_a_state_in_no_known_layout_is_refused_naming_the_checkpoint(tmp_path):
-    params = _params()
+    params = optimizer_states.params()
     tree_serialize_leaves_tensorstore(str(tmp_path / "adamw"), optax.adamw(1e-3).init(params))
     with pytest.raises(CheckpointError, match=r"adamw matches no known optimizer-state layout") as error:
         _load(tmp_path / "adamw", mars(1e-2).init(params))
@@ -105,12 +71,13 @@ def test_a_state_in_no_known_layout_is_refused_naming_the_checkpoint(tmp_path):
 
 
 def test_the_layout_maps_are_inverse_and_move_only_the_mars_chain():
-    state = optax.inject_hyperparams(lambda learning_rate: mars_m(learning_rate))(learning_rate=1e-2).init(_params())
+    injected = optax.inject_hyperparams(lambda learning_rate: mars_m(learning_rate))(learning_rate=1e-2)
+    state = injected.init(optimizer_states.params())
     stored = LEADING_SLOT.to_stored(state)
     assert isinstance(stored.inner_state[0], optax.EmptyState)
     assert len(stored.inner_state) == len(state.inner_state) + 1
     assert jax.tree.structure(LEADING_SLOT.to_current(stored)) == jax.tree.structure(state)
-    adamw = optax.adamw(1e-3).init(_params())  # no MARS chain: nothing to move
+    adamw = optax.adamw(1e-3).init(optimizer_states.params())  # no MARS chain: nothing to move
     assert jax.tree.structure(LEADING_SLOT.to_stored(adamw)) == jax.tree.structure(adamw)
 
 

@@ -25,6 +25,11 @@ def _mars_state(state) -> ScaleByMarsState:
     return found
 
 
+def _buffer_of(buffer, param) -> bool:
+    """A state buffer held for ``param`` (an absent one is ``optax.MaskedNode``, never ``None``)."""
+    return isinstance(buffer, jax.Array) and buffer.shape == param.shape
+
+
 def _nbytes(tree) -> int:
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
@@ -63,6 +68,9 @@ def test_exact_without_params_raises():
         (dict(learning_rate_1d=float("inf")), "learning_rate_1d"),
         (dict(weight_decay=float("nan")), "weight_decay"),
         (dict(gamma=float("nan")), "gamma"),
+        # optax.inject_hyperparams passes arrays: concrete ones are checked too (traced ones cannot be).
+        (dict(b1=jnp.asarray(1.0)), "b1"),
+        (dict(max_grad_norm=jnp.asarray(0.0)), "max_grad_norm"),
     ],
 )
 def test_bad_hyperparameters_raise_naming_the_field(kwargs, field):
@@ -79,12 +87,12 @@ def test_negative_or_non_finite_learning_rate_raises(learning_rate):
 def test_state_layout_per_variant():
     params = _params()
     adamw = _mars_state(mars(1e-3).init(params))
-    assert adamw.nu["w"] is not None and adamw.prev["w"] is not None
+    assert _buffer_of(adamw.nu["w"], params["w"]) and _buffer_of(adamw.prev["w"], params["w"])
     assert isinstance(adamw.prev["v"], optax.MaskedNode)  # the AdamW branch needs no previous gradient
     for variant in ("lion", "shampoo"):
         state = _mars_state(mars(1e-3, variant=variant).init(params))
         assert isinstance(state.nu["w"], optax.MaskedNode), variant  # no second moment for Lion/Shampoo matrices
-        assert state.nu["v"] is not None, variant  # the AdamW branch keeps one
+        assert _buffer_of(state.nu["v"], params["v"]), variant  # the AdamW branch keeps one
 
 
 def _paths(tree) -> list[str]:
@@ -178,15 +186,24 @@ def test_works_with_inject_hyperparams():
 
 
 def test_step_one_uses_zero_previous_gradient_in_exact_mode():
-    """At step 1 exact and approx must agree (both start from g_prev = 0)."""
+    """At step 1 exact and approx must agree (both start from g_prev = 0, though the gradient at the previous
+    parameters is not zero): the same update, and the first moment m_1 = (1 - b1) c_1 with
+    c_1 = Clip((1 + gamma b1 / (1 - b1)) g_1), written out here. The moment is checked, not only the update: Adam's
+    first update is about sign(c_1), whatever c_1's scale, so a wrong g_prev hardly moves it."""
     params = _params()
-    loss = lambda p: sum(jnp.sum(x**2) for x in jax.tree.leaves(p))  # noqa: E731
+    # Small enough that the clip does not fire: it would bring any c_1 to norm 1, whatever g_prev.
+    loss = lambda p: 1e-3 * sum(jnp.sum(x**2) for x in jax.tree.leaves(p))  # noqa: E731
     grads = jax.grad(loss)(params)
     approx, exact = mars(1e-2), mars(1e-2, exact=True)
-    u_approx, _ = approx.update(grads, approx.init(params), params)
-    u_exact, _ = exact.update(grads, exact.init(params), params, obj_fn=loss)
+    u_approx, s_approx = approx.update(grads, approx.init(params), params)
+    u_exact, s_exact = exact.update(grads, exact.init(params), params, obj_fn=loss)
     for a, b in zip(jax.tree.leaves(u_approx), jax.tree.leaves(u_exact)):
         np.testing.assert_allclose(a, b, rtol=1e-6)
+    b1, gamma = 0.95, 0.025  # mars's defaults
+    c = (1 + gamma * b1 / (1 - b1)) * grads["w"]
+    assert float(jnp.linalg.norm(c)) < 1.0
+    for state in (s_approx, s_exact):
+        np.testing.assert_allclose(_mars_state(state).mu["w"], (1 - b1) * c, rtol=1e-6)
 
 
 def test_scale_by_mars_alone_has_no_learning_rate():

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from levanter_mars.optim import fewer_passes
 from levanter_mars.optim.fewer_passes import (
     corrected_gradient_and_norm,
     norm_from_dot_products,
@@ -14,6 +15,17 @@ from levanter_mars.optim.fewer_passes import (
 )
 
 EPS32 = float(np.finfo(np.float32).eps)
+
+
+@pytest.fixture(params=["cpu", "default"])
+def branch(request, monkeypatch):
+    """Which branch of ``platform_dependent`` runs: XLA:CPU's (this machine's), or ``default``, the one XLA:TPU and
+    every other platform take, run here by calling it in place of ``jax.lax.platform_dependent``."""
+    if request.param == "default":
+        monkeypatch.setattr(fewer_passes, "platform_dependent", lambda *args, cpu, default: default(*args))
+    jax.clear_caches()  # jit's traces are kept per function, whichever branch they were traced with
+    yield request.param
+    jax.clear_caches()
 
 
 def _pair(shape, seed=0):
@@ -50,7 +62,7 @@ def test_norm_from_dot_products_error_when_the_sum_cancels_stays_within_its_boun
 
 
 @pytest.mark.parametrize("clips", [(1.0, 1.0), (0.25, 0.5), (1.0, 0.0)])
-def test_corrected_gradient_and_norm_is_the_corrected_gradient_and_its_norm(clips):
+def test_corrected_gradient_and_norm_is_the_corrected_gradient_and_its_norm(clips, branch):
     g, g_prev = _pair((40, 24), seed=1)
     gamma, beta = 0.025, 0.95
     c, norm = jax.jit(lambda g, p: corrected_gradient_and_norm(g, p, gamma, beta, clips=clips))(g, g_prev)
@@ -67,6 +79,10 @@ def test_without_previous_gradient_the_corrected_gradient_is_the_clipped_gradien
     assert abs(float(norm) - 0.5 * np.linalg.norm(np.asarray(g, np.float64))) <= 1e-6 * float(norm)
 
 
-def test_ordered_on_cpu_is_its_scale():
+def test_ordered_on_cpu_is_its_scale_depending_on_its_dependencies_on_cpu_only(branch):
+    """Its value is the scale; on XLA:CPU it also depends on each dependency by data (what keeps XLA:CPU from copying
+    the donated buffers, tests/test_update_traffic.py), elsewhere not at all. A NaN dependency shows which."""
     x, _ = _pair((16, 4))
     assert float(jax.jit(ordered_on_cpu)(jnp.float32(0.7), x)) == np.float32(0.7)
+    with_nan = float(jax.jit(ordered_on_cpu)(jnp.float32(0.7), x, x.at[0, 0].set(jnp.nan)))
+    assert np.isnan(with_nan) if branch == "cpu" else with_nan == np.float32(0.7)

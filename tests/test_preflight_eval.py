@@ -40,7 +40,7 @@ def test_eval_loss_and_harness_batch_are_compiled_and_reported_per_chip(with_sui
         assert e["program_total"] >= report["per_chip"]["parameters"]
         assert e["resident_optimizer_state"] == report["per_chip"]["optimizer_state"]
         assert e["total"] == e["program_total"] + e["resident_optimizer_state"]
-        assert e["fits"] is True and e["total"] <= report["hbm_bytes_per_chip"]
+        assert e["fits"] is True and e["total"] <= report["usable_hbm_bytes_per_chip"]
         assert f"{name:<15} temporary" in proc.stdout
     assert report["fits"] is True
 
@@ -55,11 +55,11 @@ def eval_refusal():
 @pytest.mark.slow
 def test_an_eval_batch_that_cannot_fit_exits_2_naming_the_eval_field(eval_refusal):
     said = refusal_line(eval_refusal)
-    assert "(eval_loss, between train steps)" in said
+    assert "eval_loss (between train steps): it needs" in said
     assert "trainer.per_device_eval_parallelism (now 512" in said
     assert "trainer.per_device_parallelism" not in said  # the train step fits: not what to change
     report = last_json(eval_refusal)
-    assert report["per_chip"]["total"] <= report["hbm_bytes_per_chip"]
+    assert report["per_chip"]["total"] <= report["usable_hbm_bytes_per_chip"]
     assert report["fits"] is False and report["eval"]["eval_loss"]["fits"] is False
     assert "Traceback" not in eval_refusal.stderr
 

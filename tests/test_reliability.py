@@ -84,7 +84,7 @@ def test_kill_right_after_a_checkpoint(workdir, pydocs_corpus, reference_runs):
 
 
 # Every kind of corruption is detected by tests/test_checkpoint_integrity.py; end to end we check the two that reach
-# different code: a truncated array (tests/test_train_e2e.py) and unreadable metadata, which Levanter's own
+# different code: a truncated array (tests/test_train_e2e.py) and unreadable metadata (here), which Levanter's own
 # checkpointer would crash on before any of our code could skip it.
 def test_unreadable_metadata_of_the_newest_checkpoint_is_skipped(workdir, reference_runs):
     """Derived from the reference run: its files up to step 20 (what a kill right after step 20's checkpoint

@@ -30,19 +30,14 @@ def workdir(tmp_path_factory):
     return tmp_path_factory.mktemp("e2e")
 
 
-@pytest.fixture(scope="module")
-def finished_runs(reference_runs):
-    return reference_runs
-
-
-def _finished(finished_runs, mode="approx"):
-    config, _, paths = finished_runs[mode]
+def _finished(reference_runs, mode="approx"):
+    config, _, paths = reference_runs[mode]
     return config, paths
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
-def test_run_writes_metrics_checkpoints_and_summary(finished_runs, mode):
-    config, proc, paths = finished_runs[mode]
+def test_run_writes_metrics_checkpoints_and_summary(reference_runs, mode):
+    config, proc, paths = reference_runs[mode]
     records = read_metrics(paths["metrics"])
     assert [r["step"] for r in records] == list(range(30)), "one record per step, no gaps or repeats"
     for record in records:
@@ -63,15 +58,18 @@ def test_run_writes_metrics_checkpoints_and_summary(finished_runs, mode):
     assert str(paths["metrics"]) in proc.stdout and "30 steps done" in proc.stdout
 
 
-def test_exact_and_approx_differ(finished_runs):
-    approx = losses(finished_runs["approx"][2]["metrics"])
-    exact = losses(finished_runs["exact"][2]["metrics"])
-    assert approx[0] == exact[0], "step 1 uses a zero previous gradient in both modes"
+def test_exact_and_approx_differ(reference_runs):
+    approx = losses(reference_runs["approx"][2]["metrics"])
+    exact = losses(reference_runs["exact"][2]["metrics"])
+    # That the first update uses a zero previous gradient in both modes is checked where it can fail, on the first
+    # moment (tests/test_mars_api.py::test_step_one_uses_zero_previous_gradient_in_exact_mode). The losses cannot
+    # tell: the first update hardly depends on c_1's scale (the per-tensor clip; Adam's first step is about
+    # sign(c_1)), and they agreed at step 1 even with exact mode's first previous gradient left unzeroed.
     assert any(approx[s] != exact[s] for s in range(5, 30))
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
-def test_kill_9_then_rerun_is_bitwise_identical(workdir, pydocs_corpus, finished_runs, mode):
+def test_kill_9_then_rerun_is_bitwise_identical(workdir, pydocs_corpus, reference_runs, mode):
     run_id = f"killed-{mode}"
     config = tiny_config(workdir, pydocs_corpus, run_id, MODES[mode])
     paths = run_paths(workdir, run_id)
@@ -86,15 +84,15 @@ def test_kill_9_then_rerun_is_bitwise_identical(workdir, pydocs_corpus, finished
     resumed = run_cli(config)
     assert resumed.returncode == 0, describe_failure(resumed)
     assert "Resuming from" in output(resumed)
-    reference = losses(finished_runs[mode][2]["metrics"])
+    reference = losses(reference_runs[mode][2]["metrics"])
     got = losses(paths["metrics"])
     assert sorted(got) == list(range(30)), "the resumed file has each step once"
     mismatches = {s: (got[s], reference[s]) for s in reference if got[s] != reference[s]}
     assert not mismatches, mismatches
 
 
-def test_second_run_of_a_finished_command_resumes_not_restarts(finished_runs):
-    config, _, paths = finished_runs["approx"]
+def test_second_run_of_a_finished_command_resumes_not_restarts(reference_runs):
+    config, _, paths = reference_runs["approx"]
     before = paths["metrics"].read_text()
     again = run_cli(config)
     assert again.returncode == 0, describe_failure(again)
@@ -102,10 +100,10 @@ def test_second_run_of_a_finished_command_resumes_not_restarts(finished_runs):
     assert paths["metrics"].read_text() == before
 
 
-def test_fresh_sets_the_previous_run_aside(workdir, finished_runs):
+def test_fresh_sets_the_previous_run_aside(workdir, reference_runs):
     """A finished run (the reference run's files, copied) started again with ``--fresh true``: the old run directory
     and checkpoints are moved aside, and the new run starts at step 0."""
-    config, paths = copy_of_run(*_finished(finished_runs), workdir, up_to_step=29, run_id="fresh")
+    config, paths = copy_of_run(*_finished(reference_runs), workdir, up_to_step=29, run_id="fresh")
     again = run_cli(config, "--fresh", "true", "--trainer.num_train_steps", "3", "--trainer.steps_per_eval", "2")
     assert again.returncode == 0, describe_failure(again)
     assert [r["step"] for r in read_metrics(paths["metrics"])] == [0, 1, 2]
@@ -115,10 +113,10 @@ def test_fresh_sets_the_previous_run_aside(workdir, finished_runs):
     assert [r["step"] for r in read_metrics(old_run / "metrics.jsonl")] == list(range(30))
 
 
-def test_torn_newest_checkpoint_is_skipped_for_the_previous_one(workdir, finished_runs):
+def test_torn_newest_checkpoint_is_skipped_for_the_previous_one(workdir, reference_runs):
     """The reference run's files, copied; the largest array file of its newest checkpoint (step-29) then loses its
     second half, so its manifest no longer matches."""
-    config, paths = copy_of_run(*_finished(finished_runs), workdir, up_to_step=29, run_id="torn")
+    config, paths = copy_of_run(*_finished(reference_runs), workdir, up_to_step=29, run_id="torn")
     victim = max((p for p in (paths["checkpoints"] / "step-29").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
     victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
 
@@ -131,10 +129,10 @@ def test_torn_newest_checkpoint_is_skipped_for_the_previous_one(workdir, finishe
     assert quarantined and (quarantined[0] / "QUARANTINE_REASON.txt").exists()
     assert (paths["checkpoints"] / "step-29" / MANIFEST_NAME).exists(), "the final checkpoint was rewritten"
     # Steps 20..29 were redone from step-20 with the same data and seed: identical to the uninterrupted run.
-    assert losses(paths["metrics"]) == losses(finished_runs["approx"][2]["metrics"])
+    assert losses(paths["metrics"]) == losses(reference_runs["approx"][2]["metrics"])
 
 
-def test_exact_mode_microbatches_its_second_gradient(workdir, pydocs_corpus, finished_runs):
+def test_exact_mode_microbatches_its_second_gradient(workdir, pydocs_corpus, reference_runs):
     """With per_device_parallelism below the batch, both gradients are accumulated over microbatches. The result
     must match the unmicrobatched exact run up to summation order."""
     run_id = "exact-microbatched"
@@ -142,7 +140,7 @@ def test_exact_mode_microbatches_its_second_gradient(workdir, pydocs_corpus, fin
                                                           "trainer": {"per_device_parallelism": 2}})
     proc = run_cli(config)
     assert proc.returncode == 0, describe_failure(proc)
-    got, reference = losses(run_paths(workdir, run_id)["metrics"]), losses(finished_runs["exact"][2]["metrics"])
+    got, reference = losses(run_paths(workdir, run_id)["metrics"]), losses(reference_runs["exact"][2]["metrics"])
     assert got.keys() == reference.keys()
     worst = max(abs(got[s] - reference[s]) / abs(reference[s]) for s in reference)
     assert 0 < worst < 1e-3, worst  # not bitwise (4 microbatches sum in another order), but the same training

@@ -128,6 +128,6 @@ def test_tpu_compiled_mars_update_moves_at_most_its_ideal_over_adamw(tpu_figures
     adamw = tpu_figures[opt.ADAMW]["v5e_passes"]
     assert tpu_figures["mars-adamw-approx-fp32"]["v5e_passes"] <= adamw + 4 + 0.5, tpu_figures
     assert tpu_figures["mars-adamw-approx-bf16"]["v5e_passes"] <= adamw + 1.5 + 0.5, tpu_figures
-    assert tpu_figures[opt.ADAMW]["v5e_ratio"] == 1.0
     for name, row in tpu_figures.items():
+        assert row["v5e_ratio"] == pytest.approx(row["v5e_passes"] / adamw), (name, row)  # the table's "x AdamW"
         assert row["v5e_copy_mib"] == 0, (name, row)

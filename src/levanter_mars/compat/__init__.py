@@ -142,10 +142,10 @@ DEFECTS: tuple[Defect, ...] = (
     Defect(
         17,
         "wandb==0.31.0",
-        "wandb-core resolves its API host at shutdown when offline mode comes only from wandb.init(mode=...); needs a"
-        " DNS server to reproduce, so the test checks that WANDB_MODE is set",
+        "wandb-core reaches for its API host (api.forge.coreweave.com) at shutdown when offline mode comes only from"
+        " wandb.init(mode=...)",
         "compat.tracking.wandb_offline_unless_configured",
-        "tests/test_configs.py::test_an_offline_wandb_tracker_puts_wandb_mode_in_the_environment",
+        "tests/test_compat_wandb_offline.py::test_defect_17_offline_by_init_alone_reaches_for_the_api_host",
     ),
     Defect(
         18,

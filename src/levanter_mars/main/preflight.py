@@ -1,9 +1,10 @@
 """``python -m levanter_mars.main.preflight --config_path X --tpu_type T [--num_slices N] [--json] [-- overrides]``
 
 Compiles the config's train step with the TPU compiler for the slice's topology, on this machine (no TPU, no
-network), and says whether it fits each chip's HBM. Exit 0: it fits. Exit 2: it does not (the message names what to
-change), or the config is bad (the training program's own validation, offline), or there is no TPU compiler here.
-Exit 1: pre-flight itself crashed (a traceback). With ``--json`` the last stdout line is one JSON
+network), and says whether it fits the HBM the compiler lets a program use on each chip. Exit 0: it fits. Exit 2: it
+does not (the message names what to change), or the config is bad (the training program's own validation, offline),
+or there is no TPU compiler here. Exit 1: pre-flight itself crashed (a traceback). With ``--json`` the last stdout
+line is one JSON
 object (sizes in bytes). The order: parse and check the config and the slice, build the trainer's step on the
 slice's abstract devices, compile, report.
 """
@@ -52,6 +53,7 @@ def check(config, devices: int) -> list[str]:
 
 def preflight(config_path: str, tpu_type: str, num_slices: int = 1, overrides: Sequence[str] = ()) -> Verdict:
     """Raises ConfigError/LaunchError (bad input) or PreflightError (no compiler) before compiling anything."""
+    from levanter_mars.infra.preflight.capacity import usable_hbm
     from levanter_mars.infra.preflight.eval_steps import lower_eval_programs
     from levanter_mars.program_config import parse_train_config
     from levanter_mars.training.run.identity import stable_run_id
@@ -72,8 +74,10 @@ def preflight(config_path: str, tpu_type: str, num_slices: int = 1, overrides: S
     seconds["build_and_lower"] = time.perf_counter() - start - sum(seconds.values())
     compiled = compile_program(step.lowered)
     seconds["compile"] = compiled.compile_seconds
+    usable = usable_hbm(compiled, devices, target.hbm_bytes_per_chip)
+    seconds["usable_hbm"] = time.perf_counter() - start - sum(seconds.values())
     eval_steps, eval_skipped = {}, None
-    if compiled.out_of_memory is None and compiled.total_bytes <= target.hbm_bytes_per_chip:
+    if compiled.out_of_memory is None and compiled.total_bytes <= usable.bytes:
         eval_start = time.perf_counter()
         lowered = lower_eval_programs(step, config, eos)
         eval_steps = {name: compile_program(program) for name, program in lowered.items()}
@@ -85,7 +89,7 @@ def preflight(config_path: str, tpu_type: str, num_slices: int = 1, overrides: S
     tokens = trainer.train_batch_size * config.model.Pos.size
     seconds["total"] = time.perf_counter() - start
     return Verdict(
-        config_path, target, num_slices, step.parameter_bytes, step.optimizer_state_bytes, compiled,
+        config_path, target, num_slices, step.parameter_bytes, step.optimizer_state_bytes, compiled, usable,
         per_device_parallelism=trainer.per_device_parallelism, train_batch_size=trainer.train_batch_size,
         data_axis_size=trainer.data_axis_size,
         gradient_checkpointing=getattr(config.model, "gradient_checkpointing", None),

@@ -12,6 +12,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+#: ``jax.lax.platform_dependent`` under a name of this module: tests/test_mars_fewer_passes.py replaces it to run, on
+#: a CPU, the branch every other platform takes.
+platform_dependent = jax.lax.platform_dependent
+
 
 def squared_norm(x: jax.Array) -> jax.Array:
     """``sum(x * x)`` in float32, as dot products along the last axis, then a sum over the rest.
@@ -68,7 +72,7 @@ def corrected_gradient_and_norm(
         return clips[0] * g, clips[0] * jnp.sqrt(squared_norm(g))
     c = (clips[0] * g - clips[1] * g_prev) * k + clips[0] * g
     a, b = clips[0] * (1.0 + k), -clips[1] * k
-    norm = jax.lax.platform_dependent(
+    norm = platform_dependent(
         g, g_prev, c,
         cpu=lambda g, g_prev, c: jnp.sqrt(squared_norm(c)),
         default=lambda g, g_prev, c: norm_from_dot_products(g, g_prev, a, b),
@@ -95,7 +99,7 @@ def ordered_on_cpu(scale: Any, *dependencies: Any) -> Any:
     # Both branches in the scale's own dtype: with float64 parameters (jax_enable_x64) the zero is float64 too, and
     # platform_dependent requires its branches to agree.
     dtype = jnp.result_type(scale)
-    return jax.lax.platform_dependent(
+    return platform_dependent(
         scale, *dependencies,
         cpu=lambda s, *d: (s + _zero_after(d)).astype(dtype), default=lambda s, *d: jnp.asarray(s + 0.0, dtype),
     )

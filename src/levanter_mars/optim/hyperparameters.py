@@ -7,8 +7,11 @@ import numbers
 from typing import Any, Callable
 
 import jax
+import numpy as np
+import optax
 
-ScalarOrSchedule = float | jax.Array | Callable[[jax.Array], jax.Array]
+#: optax's own alias (not an equal union): optax's tests and tools recognise a learning-rate argument by it.
+ScalarOrSchedule = optax.ScalarOrSchedule
 VARIANTS = ("adamw", "lion", "shampoo")
 
 
@@ -32,6 +35,17 @@ class HyperparameterError(ValueError):
         return f"{field_name(self.argument)} {self.requirement}, got {self.value!r}"
 
 
+def _scalar(value: Any) -> Any:
+    """A hyperparameter as the checks see it: a concrete 0-d array (``optax.inject_hyperparams`` passes arrays) as its
+    float, a traced one as ``None`` (not checked); anything else as it is."""
+    if isinstance(value, (jax.Array, np.ndarray)) and value.ndim == 0:
+        try:
+            return float(value)
+        except jax.errors.ConcretizationTypeError:
+            return None
+    return value
+
+
 class _Checker:
     """Fails on the first out-of-range value. Schedules and traced values are not checked."""
 
@@ -39,18 +53,22 @@ class _Checker:
         raise HyperparameterError(name, requirement, value)
 
     def beta(self, name: str, value: Any) -> None:
+        value = _scalar(value)
         if isinstance(value, numbers.Real) and not 0.0 <= value < 1.0:
             self.fail(name, "must be in [0, 1)", value)
 
     def gamma(self, value: Any) -> None:
+        value = _scalar(value)
         if isinstance(value, numbers.Real) and not 0.0 <= value <= 1.0:
             self.fail("gamma", "must be in [0, 1]", value)
 
     def non_negative(self, name: str, value: Any) -> None:
+        value = _scalar(value)
         if isinstance(value, numbers.Real) and not 0.0 <= value < math.inf:
             self.fail(name, "must be >= 0 and finite", value)
 
     def max_grad_norm(self, value: Any) -> None:
+        value = _scalar(value)
         if value is not None and not (isinstance(value, numbers.Real) and 0 < value < math.inf):
             self.fail("max_grad_norm", "must be None or > 0 and finite", value)
 
@@ -99,7 +117,7 @@ def validate_mars_m_hyperparameters(
                    "gradient to correct with)", efficient)
     for name, value in (("b1", b1), ("b1_adamw", b1_adamw), ("b2_adamw", b2_adamw)):
         check.beta(name, value)
-    if efficient and isinstance(b1, numbers.Real) and b1 == 0.0:
+    if efficient and _scalar(b1) == 0.0:
         check.fail("b1", "must be > 0 with efficient=True (its buffer is scaled by (1 - b1) / b1)", b1)
     check.gamma(gamma)
     check.non_negative("eps", eps)

@@ -28,8 +28,8 @@ AdamW form for them). The full update applied to the parameters is
 :math:`-\eta_t\,(\text{direction} + \lambda x_t)`, exactly as in the official implementation (AGI-Arena/MARS).
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: the signatures' annotations are objects (optax's suite reads
+# `learning_rate: optax.ScalarOrSchedule` to test schedules).
 from typing import Any, Callable
 
 import jax

@@ -18,8 +18,8 @@ g_t` and :math:`\mathrm{NS}_5(\gamma g_t + \beta b_t)`. The argument equals :mat
 no previous gradient: its state is Muon's. With :math:`\gamma = 0` MARS-M is Moonlight's Muon (without Nesterov).
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: the signatures' annotations are objects (optax's suite reads
+# `learning_rate: optax.ScalarOrSchedule` to test schedules).
 import dataclasses
 from typing import Any
 

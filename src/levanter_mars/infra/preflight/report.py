@@ -8,7 +8,8 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Optional
 
 from levanter_mars.infra.preflight.eval_steps import EVAL_HARNESS
-from levanter_mars.infra.preflight.step import ONE_BUFFER, WHOLE_PROGRAM, Compiled
+from levanter_mars.infra.preflight.capacity import UsableHbm
+from levanter_mars.infra.preflight.step import ONE_BUFFER, Compiled
 from levanter_mars.infra.preflight.topology import GiB, TpuTarget
 from levanter_mars.infra.slices import neighbour_slice
 
@@ -36,6 +37,8 @@ class Verdict:
     parameters: int
     optimizer_state: int
     compiled: Compiled
+    usable: UsableHbm
+    """The HBM per chip the compiler lets a program use (``capacity.py``): every program is judged against it."""
     per_device_parallelism: int
     train_batch_size: int
     data_axis_size: int
@@ -55,24 +58,33 @@ class Verdict:
 
     @property
     def hbm(self) -> int:
+        """The chip's nominal HBM (Google's figure)."""
         return self.target.hbm_bytes_per_chip
 
     @property
     def programs(self) -> dict:
         return {TRAIN_STEP: self.compiled, **self.eval_steps}
 
-    def peak(self, name: str) -> int:
+    def peak(self, name: str) -> Optional[int]:
         """Per chip while the program runs: the train step's own total; an eval program's plus the resident
-        optimizer state."""
+        optimizer state. ``None`` where the compiler refused the program and stated only a part of it."""
         own = self.programs[name].total_bytes
-        return own if name == TRAIN_STEP else own + self.optimizer_state
+        if own is None or name == TRAIN_STEP:
+            return own
+        return own + self.optimizer_state
 
     def program_fits(self, name: str) -> bool:
-        return self.programs[name].out_of_memory is None and self.peak(name) <= self.hbm
+        return self.programs[name].out_of_memory is None and self.peak(name) <= self.usable.bytes
 
     @property
     def fits(self) -> bool:
         return all(self.program_fits(name) for name in self.programs)
+
+    @property
+    def headroom(self) -> Optional[int]:
+        """Usable HBM less the train step's total (``None`` without a total)."""
+        total = self.compiled.total_bytes
+        return None if total is None else self.usable.bytes - total
 
     def _eval_json(self) -> dict:
         out = {}
@@ -82,6 +94,7 @@ class Verdict:
                 "eval_batch_size": self.eval_batch_size,
                 "temporaries": e.temp_bytes, "program_total": e.total_bytes,
                 "resident_optimizer_state": self.optimizer_state, "total": self.peak(name),
+                **({"partial": e.partial} if e.partial else {}),
                 "fits": self.program_fits(name), "compile_seconds": round(e.compile_seconds, 1),
                 "out_of_memory": e.out_of_memory,
             }
@@ -98,14 +111,17 @@ class Verdict:
             "num_slices": self.num_slices,
             "chips": self.target.chips * self.num_slices,
             "hbm_bytes_per_chip": self.hbm,
+            "usable_hbm_bytes_per_chip": self.usable.bytes,
+            "usable_hbm_source": self.usable.source,
             "per_chip": {
                 "parameters": self.parameters,
                 "optimizer_state": self.optimizer_state,
                 "arguments": c.argument_bytes,
                 "temporaries": c.temp_bytes,
                 "total": c.total_bytes,
+                **({"partial": c.partial} if c.partial else {}),
             },
-            "headroom_bytes": self.hbm - c.total_bytes,
+            "headroom_bytes": self.headroom,
             "fits": self.fits,
             "flops_per_step": self.model_flops_per_step,
             "compiler_flops_per_chip": c.flops,
@@ -115,11 +131,20 @@ class Verdict:
             "train_batch_size": self.train_batch_size,
             "data_axis_size": self.data_axis_size,
             "out_of_memory": c.out_of_memory,
-            "compiler_hbm_bytes": c.capacity_bytes,
             "eval": self._eval_json(),
             "seconds": self.seconds,
             "compiler": compiler_versions(),
         }
+
+    def _needs(self, name: str) -> str:
+        """What the program needs per chip, as the compiler counted it."""
+        program = self.programs[name]
+        if program.partial:
+            part = program.partial
+            verb = "needs" if part["counts"] == ONE_BUFFER else "need"
+            return f"{part['counts']} {verb} {part['bytes'] / GiB:.2f} GiB (the compiler's figure)"
+        with_state = "" if name == TRAIN_STEP else " with the resident optimizer state"
+        return f"it needs {self.peak(name) / GiB:.2f} GiB{with_state}"
 
     def table(self) -> str:
         def gib(n: int) -> str:
@@ -127,6 +152,7 @@ class Verdict:
 
         c = self.compiled
         t = self.target
+        of = f"of {self.usable.bytes / GiB:.2f} GiB usable ({self.hbm / GiB:.0f} GiB HBM)"
         lines = [
             f"pre-flight: {self.config_path} on {self.num_slices} x {t.tpu_type} (topology {t.topology}, "
             f"{t.chips} chips, {t.devices} JAX devices per slice, TPU compiler)",
@@ -135,9 +161,12 @@ class Verdict:
         ]
         if c.out_of_memory is None:
             lines.append(f"                  temporary  {gib(c.temp_bytes)}")
+        if c.total_bytes is None:
+            lines.append(f"                  refused    {self._needs(TRAIN_STEP)}, {of}")
+        else:
+            lines.append(f"                  total      {gib(c.total_bytes)}   {of}, headroom "
+                         f"{self.headroom / GiB:.2f} GiB")
         lines += [
-            f"                  total      {gib(c.total_bytes)}   of {gib(self.hbm)} HBM, headroom "
-            f"{(self.hbm - c.total_bytes) / GiB:.2f} GiB",
             f"  flops per step  {self.model_flops_per_step or float('nan'):.3e} (model, all chips; compiler's "
             f"figure per chip: {c.flops or float('nan'):.3e}, loop bodies counted once)",
             f"  compile         {c.compile_seconds:.0f} s",
@@ -145,30 +174,25 @@ class Verdict:
         for name, e in self.eval_steps.items():
             temporaries = f"temporary {gib(e.temp_bytes)}, " if e.out_of_memory is None else ""
             lines.append(
-                f"  {name:<15} {temporaries}total {gib(self.peak(name))} with the optimizer state "
-                f"({self.per_device_eval_parallelism} sequences per chip, compile {e.compile_seconds:.0f} s): "
-                + ("fits" if self.program_fits(name) else "DOES NOT FIT")
+                f"  {name:<15} {temporaries}{self._needs(name)} ({self.per_device_eval_parallelism} sequences per "
+                f"chip, compile {e.compile_seconds:.0f} s): " + ("fits" if self.program_fits(name) else "DOES NOT FIT")
             )
         if self.eval_skipped:
             lines.append(f"  eval programs   not compiled: {self.eval_skipped}")
         lines.append("  verdict         " + ("fits" if self.fits else "DOES NOT FIT"))
         return "\n".join(lines)
 
-    def _needs(self, name: str) -> str:
-        counts = self.programs[name].used_counts
-        if counts in (None, WHOLE_PROGRAM):
-            return f"it needs {self.peak(name) / GiB:.2f} GiB"
-        verb = "needs" if counts == ONE_BUFFER else "need"
-        return f"{counts} {verb} {self.programs[name].used_bytes / GiB:.2f} GiB (the compiler's figure)"
-
     def refusal(self) -> str:
-        """One line naming what to change."""
+        """One line naming every program that does not fit, with its own figure (figures that count different
+        things are not ranked against each other), and what to change."""
         failing = [name for name in self.programs if not self.program_fits(name)]
-        worst = max(failing, key=self.peak)
         larger = neighbour_slice(self.target.tpu_type, larger=True)
-        where = "" if worst == TRAIN_STEP else f" ({worst}, between train steps)"
-        needs = (f"{self.config_path} does not fit on {self.target.tpu_type}{where}: {self._needs(worst)} per chip "
-                 f"of {self.hbm / GiB:.0f} GiB HBM. ")
+        said = "; ".join(
+            self._needs(name) if name == TRAIN_STEP else f"{name} (between train steps): {self._needs(name)}"
+            for name in failing
+        )
+        needs = (f"{self.config_path} does not fit on {self.target.tpu_type}: {said} per chip, of "
+                 f"{self.usable.bytes / GiB:.2f} GiB usable ({self.hbm / GiB:.0f} GiB HBM). ")
         slice_hint = f"use a larger --tpu_type{f' ({larger})' if larger else ''}"
         if TRAIN_STEP in failing:
             return needs + (

@@ -86,12 +86,13 @@ def _on_slice(trainer: MarsTrainerConfig, devices: list, num_slices: int, scratc
 
 @dataclass(frozen=True)
 class Compiled:
-    """One compile's figures, per device (one device is one chip, see ``topology.py``)."""
+    """One compile's figures, per device (one device is one chip, see ``topology.py``). When the compiler refuses
+    the program, there is no memory analysis: the sizes are ``None`` and its verdict is kept."""
 
-    argument_bytes: int
-    output_bytes: int
-    alias_bytes: int
-    temp_bytes: int
+    argument_bytes: Optional[int]
+    output_bytes: Optional[int]
+    alias_bytes: Optional[int]
+    temp_bytes: Optional[int]
     flops: Optional[float]
     compile_seconds: float
     out_of_memory: Optional[str] = None
@@ -105,10 +106,19 @@ class Compiled:
     """This machine's 1-minute load average when the compile ended (compile times mean little without it)."""
 
     @property
-    def total_bytes(self) -> int:
-        if self.used_bytes is not None:
-            return self.used_bytes
-        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+    def total_bytes(self) -> Optional[int]:
+        """The whole program: arguments + outputs - donated + temporaries from the memory analysis, or the refusal's
+        figure where it counts the whole program; ``None`` where the refusal counts a part (``partial``)."""
+        if self.out_of_memory is None:
+            return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+        return self.used_bytes if self.used_counts == WHOLE_PROGRAM else None
+
+    @property
+    def partial(self) -> Optional[dict]:
+        """A refusal's figure for part of the program (``counts`` says which part): not comparable to a total."""
+        if self.out_of_memory is None or self.used_counts == WHOLE_PROGRAM:
+            return None
+        return {"bytes": self.used_bytes, "counts": self.used_counts}
 
 
 # The TPU compiler's ways of saying a program does not fit, and what each figure counts: the whole program's peak
@@ -157,8 +167,7 @@ def compile_program(lowered: Any) -> Compiled:
         verdict = out_of_memory(str(e))
         if verdict is None:
             raise
-        temporaries = verdict.needed if verdict.counts == TEMPORARIES else 0
-        return Compiled(0, 0, 0, temporaries, None, time.perf_counter() - start, out_of_memory=verdict.line,
+        return Compiled(None, None, None, None, None, time.perf_counter() - start, out_of_memory=verdict.line,
                         used_bytes=verdict.needed, used_counts=verdict.counts, capacity_bytes=verdict.capacity,
                         load_average=round(os.getloadavg()[0], 1))
     seconds = time.perf_counter() - start

@@ -97,7 +97,7 @@ def test_only_missing_optimizer_state_paths_mean_another_layout(tmp_path):
     """A missing checkpoint, a storage failure or a model path that is not stored is reported as itself. On 4cb100e
     every FileNotFoundError sent the load on to the next layout, and the run was told the checkpoint "matches no known
     optimizer-state layout"."""
-    params = _params()
+    params = optimizer_states.params()
     opt = mars(1e-2).init(params)
     like = {"w": params["w"], "opt": opt}
     tree_serialize_leaves_tensorstore(str(tmp_path / "ok"), {"model": {"w": params["w"]}, "opt_state": opt})

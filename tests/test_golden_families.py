@@ -9,7 +9,6 @@ view (Levanter's own HF state dict) is held to the reference at every step, with
 from __future__ import annotations
 
 import equinox as eqx
-import haliax as hax
 import haliax.nn as hnn
 import jax
 import numpy as np

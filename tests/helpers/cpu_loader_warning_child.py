@@ -1,20 +1,16 @@
-"""``python -m tests.helpers.cpu_loader_warning_child write|read|read-filtered CACHE``: compiles one program into a
-compilation cache (``write``), recording in it, as a machine with LLVM tuning features would, a pseudo-feature the
-host cannot have; then loads it from there (``read``), with the defect-38 filter on its stderr (``read-filtered``)."""
+"""``python -m tests.helpers.cpu_loader_warning_child write|read CACHE``: compiles one program into a compilation
+cache (``write``), recording in it, as a machine with LLVM tuning features would, a pseudo-feature the host cannot
+have; then loads it from there (``read``)."""
 
 import re
 import sys
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+from jax._src import compilation_cache as jax_cache
+
 mode, cache = sys.argv[1], sys.argv[2]
-if mode == "read-filtered":
-    from levanter_mars.compat import xla_cpu_loader
-
-    xla_cpu_loader.quiet_pseudo_feature_warnings(force=True)
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from jax._src import compilation_cache as jax_cache  # noqa: E402
 
 jax.config.update("jax_compilation_cache_dir", cache)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)

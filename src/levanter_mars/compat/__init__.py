@@ -290,21 +290,12 @@ DEFECTS: tuple[Defect, ...] = (
     ),
     Defect(
         37,
-        "jax==0.9.2",
+        "jax==0.10.2",
         "persistent-cache hits and misses are logged at DEBUG only (WARNING only with flags that also log every "
         "compilation), and the compilation stages' monitoring events are named in a private module",
         "compat.jax_compilation",
         "tests/test_compilation_cache.py::"
         "test_defect_37_jax_reports_a_cache_hit_only_at_debug_and_the_workaround_logs_it",
-    ),
-    Defect(
-        38,
-        "jaxlib==0.9.2",
-        "XLA:CPU logs an ERROR warning of SIGILL for every cached program whose compile recorded an LLVM tuning "
-        "pseudo-feature (+prefer-no-gather, ...), which no host lists: pages of false alarms per run (fixed in 0.10)",
-        "compat.xla_cpu_loader.quiet_pseudo_feature_warnings",
-        "tests/test_compilation_cache.py::"
-        "test_defect_38_xla_cpu_warns_of_sigill_for_a_pseudo_feature_and_the_workaround_keeps_it_off_the_terminal",
     ),
     Defect(
         39,

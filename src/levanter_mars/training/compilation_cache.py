@@ -66,14 +66,13 @@ def enable(trainer_config) -> CacheChoice:
     import jax
     from jax.experimental.compilation_cache import compilation_cache
 
-    from levanter_mars.compat import jax_compilation, xla_cpu_loader
+    from levanter_mars.compat import jax_compilation
 
     choice = resolve(trainer_config)
     if choice.path is None:
         jax.config.update("jax_enable_compilation_cache", False)
         logger.info("Compilation cache: off (%s: %s)", choice.source, OFF)
         return choice
-    xla_cpu_loader.quiet_pseudo_feature_warnings()
     jax_compilation.log_cache_use_once_per_program()
     jax.config.update("jax_enable_compilation_cache", True)
     if jax.config.jax_compilation_cache_dir != choice.path:

@@ -285,7 +285,7 @@ def test_training_environment_gets_credentials_and_drops_the_local_node_environm
     assert on_tpu["TPU_VISIBLE_CHIPS"] == "0,1,2,3" and on_tpu["WANDB_API_KEY"] == "w"
 
 
-def test_the_launcher_runs_the_training_programs_own_validation(capsys, tmp_path, pydocs_corpus):
+def test_the_launcher_runs_the_training_programs_own_validation(capsys, tmp_path, pydocs_corpus, monkeypatch):
     """A training file that does not exist stops the launch, dry run included, before anything is submitted: on
     4cb100e the launcher ran a hand-picked part of the validation, without the data checks, and passed it."""
     data = {"train_urls": [str(tmp_path / "missing.jsonl")], "cache_dir": str(tmp_path / "tokenized")}
@@ -294,7 +294,9 @@ def test_the_launcher_runs_the_training_programs_own_validation(capsys, tmp_path
     out, err = capsys.readouterr()
     assert f"config error: data.train_urls[0]: no such file {str(tmp_path / 'missing.jsonl')!r}" in err and not out
 
-    # A dry run contacts nothing and writes nothing: it says what it did not check.
+    # A dry run contacts nothing and writes nothing: it says what it did not check. (The run's compilation cache
+    # defaults to beside its checkpoints where no $JAX_COMPILATION_CACHE_DIR is set, as on a pod; the suite sets one.)
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
     plan, _, _ = dry_run(capsys, "--config_path", SMALL, "--tpu_type", "v4-8", "--", *BUCKET)
     skipped = plan["validation"]["not checked here"]
     assert "trainer.checkpointer.base_path 'gs://test-bucket/ckpt/gpt2-small-mars' (a write probe)" in skipped

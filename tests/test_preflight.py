@@ -303,3 +303,18 @@ def test_pre_flight_runs_the_training_programs_own_validation(tmp_path, pydocs_c
     config = parse_train_config(["--config_path", str(tiny_config(tmp_path, pydocs_corpus, "pf", {"data": data}))])
     with pytest.raises(ConfigError, match=r"data.train_urls\[0\]: no such file"):
         preflight.check(config, 4)
+
+
+def test_pre_flight_sizes_a_shipped_config_whose_bucket_is_still_the_placeholder():
+    """The documented first step (README, docs/pods.md) is pre-flight on a shipped config, before its bucket is set:
+    where a run will write is the launcher's and training's check, not a reason to refuse to size the program."""
+    from levanter_mars.main import preflight
+    from levanter_mars.program_config import parse_train_config
+    from levanter_mars.training.config import ConfigError
+    from levanter_mars.training.validation import validate
+
+    config = parse_train_config(["--config_path", SMALL_MARS])
+    assert "YOUR-BUCKET" in config.data.cache_dir
+    preflight.check(config, 16)
+    with pytest.raises(ConfigError, match="data.cache_dir is still the placeholder"):
+        validate(config, device_count=16, offline=True, elsewhere=True)

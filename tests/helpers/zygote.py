@@ -35,6 +35,7 @@ READ_AFTER_IMPORT = frozenset({
     "XLA_FLAGS", "STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL", "PYTHONPATH", "LEVANTER_MARS_LAUNCH_ID",
     "RUN_ID", "HF_TOKEN", "WANDB_API_KEY",
     "PYTEST_CURRENT_TEST",  # pytest sets it for every test: were it compared, no test but the first would fork
+    "KMP_DUPLICATE_LIB_OK",  # scikit-learn sets it when a test imports it; read when a second OpenMP runtime loads
 })
 #: What the zygote imports before it forks: the training and eval entry points and what they import lazily.
 PRELOAD = ("levanter_mars.main.train_lm", "levanter_mars.main.eval_harness", "matplotlib.pyplot")

@@ -1,0 +1,51 @@
+"""tests/helpers/pod.py: a reference pod that hangs is retried once from scratch, with its stacks kept; a pod that
+hangs again, or whose process failed, is an error."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import pod
+
+
+def _fake_start(tmp_path, hangs: int):
+    started = []
+
+    def start(config_path, *extra, **kwargs):
+        started.append(config_path)
+        code = "import time; time.sleep(120)" if len(started) <= hangs else "pass"
+        logs = [tmp_path / f"attempt-{len(started)}.process-{i}.log" for i in range(2)]
+        procs = []
+        for log in logs:
+            with open(log, "w") as out:
+                procs.append(subprocess.Popen([sys.executable, "-X", "faulthandler", "-c", code], stdout=out,
+                                              stderr=subprocess.STDOUT))
+        return pod.PodRun(procs, logs)
+
+    return start, started
+
+
+def test_a_hung_reference_pod_is_retried_once_from_scratch_and_its_stacks_are_kept(tmp_path, monkeypatch):
+    start, started = _fake_start(tmp_path, hangs=1)
+    monkeypatch.setattr(pod, "start_pod", start)
+    outputs = pod.reference_outputs(tmp_path, "r")
+    outputs[0].mkdir(parents=True)
+    outputs[2].parent.mkdir(parents=True, exist_ok=True)
+    outputs[2].write_text("log of the hung attempt")
+    done = pod.run_pod(tmp_path / "r.yaml", timeout=3, retry_from_scratch=outputs)
+    assert len(started) == 2 and [p.returncode for p in done.procs] == [0, 0]
+    assert not any(path.exists() for path in outputs), "the hung attempt's outputs were removed"
+    stack = (tmp_path / "attempt-1.process-0.log").read_text()
+    assert "Fatal Python error: Aborted" in stack and 'File "<string>", line 1' in stack, "its Python stack was dumped"
+
+
+def test_a_pod_that_hangs_twice_or_without_a_retry_fails(tmp_path, monkeypatch):
+    start, started = _fake_start(tmp_path, hangs=3)
+    monkeypatch.setattr(pod, "start_pod", start)
+    with pytest.raises(pod.PodHung, match="not done after 3 s"):
+        pod.run_pod(tmp_path / "r.yaml", timeout=3, retry_from_scratch=pod.reference_outputs(tmp_path, "r"))
+    assert len(started) == 2
+    with pytest.raises(pod.PodHung):
+        pod.run_pod(tmp_path / "r.yaml", timeout=3)
+    assert len(started) == 3

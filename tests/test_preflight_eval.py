@@ -7,6 +7,8 @@ optimizer state that stays resident while they run. A refusal: a train step that
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.helpers.preflight import REPO, last_json, refusal_line, run_preflight
@@ -55,7 +57,9 @@ def eval_refusal():
 @pytest.mark.slow
 def test_an_eval_batch_that_cannot_fit_exits_2_naming_the_eval_field(eval_refusal):
     said = refusal_line(eval_refusal)
-    assert "eval_loss (between train steps): it needs" in said
+    # The whole program's figure (libtpu 0.0.37), or the part the compiler refused it for (0.0.42: temporaries alone).
+    assert re.search(r"eval_loss \(between train steps\): (it needs|its temporaries alone need|one buffer alone needs) "
+                     r"[0-9.]+ GiB", said), said
     assert "trainer.per_device_eval_parallelism (now 512" in said
     assert "trainer.per_device_parallelism" not in said  # the train step fits: not what to change
     report = last_json(eval_refusal)

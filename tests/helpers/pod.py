@@ -69,7 +69,7 @@ class PodRun:
             proc.send_signal(signal.SIGABRT)
         end = time.time() + 10
         while time.time() < end and any(proc.poll() is None for proc in running):
-            time.sleep(0.2)
+            time.sleep(0.5)
 
     def kill(self) -> None:
         for proc in self.procs:

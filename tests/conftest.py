@@ -107,6 +107,30 @@ def _no_network():
     socket.socket.connect_ex = _real_connect_ex
 
 
+def _environment_as_before():
+    """Each test, and each module's fixtures, end with the environment they started with. Libraries change
+    ``os.environ`` as they work in the test process (an in-process TPU compile leaves TPU_LIBRARY_PATH,
+    TF_CPP_MIN_LOG_LEVEL, ALLOW_MULTIPLE_LIBTPU_LOAD and TPU_SKIP_MDS_QUERY): kept, they would reach every later
+    test's programs and end their forks from the zygote (tests/helpers/zygote.py)."""
+    before = dict(os.environ)
+    yield
+    if dict(os.environ) != before:
+        os.environ.clear()
+        os.environ.update(before)
+
+
+_module_environment_as_before = pytest.fixture(autouse=True, scope="module", name="_module_environment_as_before")(
+    _environment_as_before)
+_test_environment_as_before = pytest.fixture(autouse=True, name="_test_environment_as_before")(_environment_as_before)
+
+
+def pytest_terminal_summary(terminalreporter):
+    from tests.helpers import zygote
+
+    for line in zygote.summary():
+        terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session")
 def pydocs_corpus(tmp_path_factory):
     """The embedded corpus and tokenizer, built once per test session."""

@@ -2,6 +2,7 @@
 PYTEST_CURRENT_TEST for each test, and a variable compared between the zygote's environment and a child's sends the
 child to a fresh interpreter (the suite then re-imports jax, Levanter, transformers and Ray about a hundred times)."""
 
+import os
 import subprocess
 
 import pytest
@@ -12,12 +13,17 @@ from tests.helpers.training import REPO, _env
 pytestmark = pytest.mark.slow  # starts the zygote: its imports take seconds
 
 
-def _child_of_the_zygote() -> None:
+def _start_child():
     if not zygote.ENABLED:
         pytest.skip("LEVANTER_MARS_TEST_FORK=0: every program runs in a fresh interpreter, by request")
-    proc = zygote.popen(["-c", "import sys; sys.exit(7)"], cwd=REPO, env=_env(), stdout=subprocess.DEVNULL,
+    return zygote.popen(["-c", "import sys; sys.exit(7)"], cwd=REPO, env=_env(), stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL)
-    assert isinstance(proc, zygote.ForkedProcess), "a fresh interpreter, not a fork of the zygote"
+
+
+def _child_of_the_zygote() -> None:
+    proc = _start_child()
+    differences = zygote._ZYGOTE.differences(_env()) if zygote._ZYGOTE else "no zygote"
+    assert isinstance(proc, zygote.ForkedProcess), f"a fresh interpreter, not a fork of the zygote: {differences}"
     assert proc.wait(timeout=60) == 7
 
 
@@ -25,5 +31,14 @@ def test_a_child_is_forked_from_the_zygote():
     _child_of_the_zygote()
 
 
+def test_a_variable_a_library_sets_in_the_test_process_does_not_outlive_its_test():
+    _child_of_the_zygote()
+    os.environ["LEVANTER_MARS_LEFT_BY_A_LIBRARY"] = "1"  # as libtpu's loader leaves TPU_LIBRARY_PATH
+    proc = _start_child()  # this test's own programs see it, in a fresh interpreter: the zygote was started without
+    assert not isinstance(proc, zygote.ForkedProcess)
+    assert proc.wait(timeout=120) == 7
+
+
 def test_a_later_test_still_forks_from_the_same_zygote():
+    assert "LEVANTER_MARS_LEFT_BY_A_LIBRARY" not in os.environ
     _child_of_the_zygote()

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from multiprocessing.connection import Client, Listener
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
@@ -131,9 +132,10 @@ class Zygote:
         """The exit code of a child that has exited."""
         return self._call("reap", pid)
 
-    def can_run(self, env: Mapping[str, str]) -> bool:
-        keys = set(env) | set(self.env)
-        return all(env.get(k) == self.env.get(k) for k in keys - READ_AFTER_IMPORT)
+    def differences(self, env: Mapping[str, str]) -> frozenset[str]:
+        """The variables, outside :data:`READ_AFTER_IMPORT`, in which ``env`` differs from the zygote's."""
+        keys = (set(env) | set(self.env)) - READ_AFTER_IMPORT
+        return frozenset(k for k in keys if env.get(k) != self.env.get(k))
 
     def close(self) -> None:
         if self._server.poll() is None:
@@ -151,15 +153,33 @@ class Zygote:
 
 
 _ZYGOTE: Optional[Zygote] = None
+#: How the session's programs started: forks, and fresh interpreters by the variables that sent them there (the
+#: session's summary prints it, so a variable that starts to differ is seen the day it costs the suite its forks).
+FORKS = 0
+FRESH: Counter[frozenset[str]] = Counter()
 
 
 def _zygote(env: Mapping[str, str], cwd: str) -> Optional[Zygote]:
-    global _ZYGOTE
+    global _ZYGOTE, FORKS
     if not ENABLED:
         return None
     if _ZYGOTE is None:
         _ZYGOTE = Zygote(env, cwd)
-    return _ZYGOTE if _ZYGOTE.can_run(env) else None
+    differences = _ZYGOTE.differences(env)
+    if differences:
+        FRESH[differences] += 1
+        return None
+    FORKS += 1
+    return _ZYGOTE
+
+
+def summary() -> list[str]:
+    """Lines for the session's summary: how many programs were forked and why the others were not."""
+    if not ENABLED:
+        return ["test zygote off (LEVANTER_MARS_TEST_FORK=0): every program started a fresh interpreter"]
+    lines = [f"test zygote: {FORKS} programs forked, {sum(FRESH.values())} in fresh interpreters"]
+    lines += [f"  {n} because of {', '.join(sorted(keys))}" for keys, n in FRESH.most_common()]
+    return lines
 
 
 def popen(args: Sequence[str], *, cwd, env: Mapping[str, str], stdout=None, stderr=None, fork: bool = True):

@@ -1,8 +1,9 @@
 """Optimizer update cost on GPT-2 parameter trees: time, state bytes per parameter and peak memory, against AdamW.
 
 What one timed call is: ``update(grads, state, params)`` of the whole optimizer chain (global clip, the optimizer,
-weight decay, learning rate) followed by ``optax.apply_updates``, jitted as one program with params and state donated,
-on a fixed gradient tree. For exact MARS, ``update`` also receives ``obj_fn(params) = 0.5 * ||params||^2``, whose
+weight decay, learning rate) inside the non-finite guard every trainer wraps it in (``optim.guard``: the update
+training runs), followed by ``optax.apply_updates``, jitted as one program with params and state donated, on a fixed
+gradient tree. The traffic of the same program without the guard is reported beside it, so the guard's cost shows. For exact MARS, ``update`` also receives ``obj_fn(params) = 0.5 * ||params||^2``, whose
 gradient at the previous parameters is one elementwise pass: the timing covers everything exact mode adds to the
 optimizer (casting and storing the previous parameters, differentiating the objective's cheap stand-in, clipping the
 result, zeroing it at step 1) but not the real extra forward/backward pass, which ``bench_step.py`` measures.
@@ -19,8 +20,11 @@ Beside the times, every row reports the update's memory traffic from the optimiz
 float32 parameter-sized passes, and the buffer copies XLA inserted), so a regression shows without a timer.
 
 ``--tpu TARGETS`` also compiles every update with XLA:TPU (``libtpu``, ahead of time, no TPU needed;
-:mod:`levanter_mars.bench.tpu_compile`) and adds, per target, its bytes accessed in float32 parameter passes (per
-chip), the ratio to AdamW's and the temporaries. ``--no-timing`` leaves the CPU timing out (TPU columns only).
+:mod:`levanter_mars.bench.tpu_compile`) and adds, per target and construction (``--constructions``: the gradient
+donated with the state, or its own input), its bytes accessed in float32 parameter passes (per chip) with and
+without the guard, the ratio to AdamW's built the same way, and the temporaries. ``--no-timing`` leaves the CPU
+timing out (TPU columns only). The JSON names the command and the compiler (jax, libtpu) that made it:
+``scripts/stale_tpu_figures.py`` lists the figures whose compiler is no longer the lock's.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import argparse
 
 from levanter_mars.bench import report
 from levanter_mars.compat import newer_jax
+from levanter_mars.versions import command_line, compiler_versions
 
 GOAL_BF16_UPDATE_RATIO = 1.3  # MARS-AdamW approx update time with bf16 buffers / AdamW's
 GOAL_STATE_BYTES = 8.0  # AdamW's fp32 state, bytes per parameter
@@ -46,6 +51,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--baseline-ref", default=None, help="also time ours as of this git ref (named NAME@REF)")
     parser.add_argument("--tpu", default=None, help="TPU targets to compile for: v4,v5e,v5p,v6e,v5e-fsdp16")
     parser.add_argument("--no-timing", action="store_true", help="with --tpu: only the TPU-compiled columns")
+    parser.add_argument("--constructions", default="donated,own-gradient",
+                        help="with --tpu: how the program receives the gradient: donated, own-gradient")
+    parser.add_argument("--no-unguarded", action="store_true",
+                        help="with --tpu: compile only the guarded update (no column without the guard)")
     return parser.parse_args(argv)
 
 
@@ -62,23 +71,29 @@ def fixed_gradient(params, grads):
     return grads, quadratic
 
 
-def bench_size(size, cases, repeats: int, targets=(), timing: bool = True) -> dict:
+def bench_size(size, cases, repeats: int, targets=(), timing: bool = True, constructions=(), unguarded=True) -> dict:
     from levanter_mars.bench import models, speed, tpu_compile
 
-    model, _ = models.init_gpt2(size)
-    params = models.trainable(model)
-    del model
+    if timing:
+        model, _ = models.init_gpt2(size)
+        params = models.trainable(model)
+        del model
+    else:  # compiling needs shapes only
+        params = tpu_compile.abstract_gpt2_parameters(size)
     count = models.parameter_count(params)
     report.log(f"{size.name}: {count / 1e6:.1f}M parameters")
     if timing:
-        rows = speed.compare(cases, params, models.like_gradients(params), fixed_gradient, repeats=repeats)
+        rows = speed.compare(cases, params, models.like_gradients(params), fixed_gradient, repeats=repeats,
+                             unguarded_traffic=unguarded)
     else:
         rows = [{"optimizer": case.name, "description": case.description} for case in cases]
     if targets:
-        compiled = tpu_compile.compare(cases, params, fixed_gradient, targets, progress=report.log)
+        compiled = tpu_compile.compare(cases, params, fixed_gradient, targets, constructions, unguarded=unguarded,
+                                       progress=report.log)
         for row in rows:
             row.update(compiled[row["optimizer"]])
-    return {"size": size.name, "config": size.config_file, "vocab_size": size.vocab_size, "parameters": count, "rows": rows}
+    return {"size": size.name, "config": size.config_file, "model_overrides": dict(size.overrides),
+            "vocab_size": size.vocab_size, "parameters": count, "rows": rows}
 
 
 def size_goals(result: dict, basis: str) -> list[dict]:
@@ -110,26 +125,31 @@ def size_goals(result: dict, basis: str) -> list[dict]:
     return goals
 
 
-#: The issue-21 goals on XLA:TPU bytes accessed: ratio to AdamW's, and MARS-M's passes over Muon's.
+#: The goals on XLA:TPU bytes accessed of the update training runs (inside the non-finite guard), against AdamW's and
+#: Muon's built the same way: MARS-AdamW's ratio to AdamW, and MARS-M's passes over Muon's.
 TPU_GOALS = {"mars-adamw-approx-fp32": 1.55, "mars-adamw-approx-bf16": 1.25}
+MARS_M = "mars-m-approx-fp32"
 MARS_M_PASSES_OVER_MUON = 3.0
 
 
-def tpu_goals(result: dict, targets) -> list[dict]:
+def tpu_goals(result: dict, targets, constructions) -> list[dict]:
     from levanter_mars.bench import optimizers as opt
+    from levanter_mars.bench.tpu_compile import key
 
     size, by_name = result["size"], {r["optimizer"]: r for r in result["rows"]}
     goals = []
     for target in targets:
-        for name, limit in TPU_GOALS.items():
-            if f"{target.name}_ratio" in by_name.get(name, {}):
-                goals.append(report.goal_line(f"{size}: {name} bytes accessed / AdamW's ({target.name})",
-                                              by_name[name][f"{target.name}_ratio"], limit))
-        mars_m, muon = by_name.get("mars-m-approx-fp32", {}), by_name.get(opt.MUON, {})
-        key = f"{target.name}_passes"
-        if key in mars_m and key in muon:
-            goals.append(report.goal_line(f"{size}: mars-m-approx-fp32 passes ({target.name}; limit: Muon's + 3)",
-                                          mars_m[key], muon[key] + MARS_M_PASSES_OVER_MUON, "passes"))
+        for c in constructions:
+            where = f"{target.name}, {c.name}"
+            for name, limit in TPU_GOALS.items():
+                measured = by_name.get(name, {}).get(key(target, c, "ratio"))
+                if measured is not None:
+                    goals.append(report.goal_line(f"{size}: {name} bytes accessed / AdamW's ({where})", measured, limit))
+            mars_m, muon = by_name.get(MARS_M, {}), by_name.get(opt.MUON, {})
+            passes = key(target, c, "passes")
+            if passes in mars_m and passes in muon:
+                goals.append(report.goal_line(f"{size}: {MARS_M} passes ({where}; limit: Muon's + 3)",
+                                              mars_m[passes], muon[passes] + MARS_M_PASSES_OVER_MUON, "passes"))
     return goals
 
 
@@ -153,34 +173,45 @@ def main(argv=None) -> None:
     from levanter_mars.bench import tpu_compile
 
     targets = tpu_compile.select_targets(args.tpu) if args.tpu else []
+    constructions = tpu_compile.select_constructions(args.constructions) if targets else []
     if args.no_timing and not targets:
         raise SystemExit("--no-timing needs --tpu (there would be nothing to report)")
-    columns = (list(speed.COLUMNS) if not args.no_timing else [speed.COLUMNS[0]]) + tpu_compile.columns(targets)
+    timing_columns = list(speed.COLUMNS[:10]) + [("hlo_passes_unguarded", "HLO passes unguarded")] + list(speed.COLUMNS[10:])
+    columns = (timing_columns if not args.no_timing else [speed.COLUMNS[0]]) + tpu_compile.columns(
+        targets, constructions, unguarded=not args.no_unguarded)
 
-    results = [bench_size(size, cases, repeats, targets, timing=not args.no_timing) for size in sizes]
+    results = [bench_size(size, cases, repeats, targets, timing=not args.no_timing, constructions=constructions,
+                          unguarded=not args.no_unguarded) for size in sizes]
 
     basis = speed.ratio_basis(machine["platform"])
     goals = [] if args.no_timing else [goal for result in results for goal in size_goals(result, basis)]
-    goals += [goal for result in results for goal in tpu_goals(result, targets)]
+    goals += [goal for result in results for goal in tpu_goals(result, targets, constructions)]
 
     output = {
         "benchmark": "optimizer_update",
+        "command": command_line(),
+        "compiler": compiler_versions(),
         "quick": args.quick,
         "machine": machine,
         "levanter_import": levanter_import,
         "baseline_ref": args.baseline_ref,
         "repeats": repeats,
         "goal_basis": basis,
-        "timed": "jit(update + apply_updates), params and state donated; exact: obj_fn = 0.5*||params||^2",
+        "timed": "jit(update + apply_updates), the optimizer inside the non-finite guard (optim.guard), params and "
+                 "state donated; exact: obj_fn = 0.5*||params||^2",
         "peak_memory_source": "compiled.memory_analysis(): arguments + outputs - aliased + temporaries",
         "device_peak_bytes_in_use": device_peak_bytes(),
         "tpu_targets": [t.name for t in targets],
-        "tpu_figures": "XLA:TPU cost_analysis bytes accessed / fp32 parameter bytes (per chip); memory_analysis temp",
+        "tpu_constructions": {c.name: c.description for c in constructions},
+        "tpu_figures": "XLA:TPU cost_analysis bytes accessed / fp32 parameter bytes (per chip), inside the non-finite "
+                       "guard (<target>_<construction>_passes) and without it (..._unguarded_passes); "
+                       "memory_analysis temp; own_passes: bench.hlo.own_traffic (staging left out)",
         "sizes": results,
         "goals": goals,
     }
-    tables = [f"Optimizer update benchmark. {report.describe_machine(machine)}; levanter import: {levanter_import}; "
-              f"{repeats} interleaved repeats, medians; x AdamW = median of per-repeat ratios; goals on {basis} time."]
+    tables = [f"Optimizer update benchmark. {report.describe_machine(machine)}; compiler {output['compiler']}; levanter "
+              f"import: {levanter_import}; {repeats} interleaved repeats, medians; x AdamW = median of per-repeat "
+              f"ratios; goals on {basis} time, TPU goals on the guarded update."]
     for result in results:
         title = f"{result['size']} ({result['parameters'] / 1e6:.1f}M parameters, {result['config']}, vocab {result['vocab_size']})"
         tables.append(report.format_table(result["rows"], columns, title=title))

@@ -117,7 +117,8 @@ def main(argv=None) -> None:
         "compute_dtype": jnp.dtype(compute_dtype).name,
         "repeats": repeats,
         "goal_basis": basis,
-        "timed": "jit(value_and_grad(next-token loss) + update + apply_updates), params and state donated, same batch",
+        "timed": "jit(value_and_grad(next-token loss) + update + apply_updates), the optimizer inside the non-finite "
+                 "guard (optim.guard, as every trainer runs it), params and state donated, same batch",
         "peak_memory_source": "compiled.memory_analysis(): arguments + outputs - aliased + temporaries",
         "device_peak_bytes_in_use": device_peak_bytes(),
         "sizes": results,

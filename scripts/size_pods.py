@@ -288,7 +288,7 @@ def migrate() -> None:
     what the record's own compiler states, asked again here (``capacity.probe`` on its topology), so the libtpu the
     record names must be the installed one."""
     from levanter_mars.infra.preflight.capacity import probe
-    from levanter_mars.infra.preflight.report import compiler_versions
+    from levanter_mars.versions import compiler_versions
     from levanter_mars.infra.preflight.topology import abstract_devices, tpu_target
     from levanter_mars.infra.slices import slice_type
 

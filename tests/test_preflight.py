@@ -103,6 +103,8 @@ def test_small_mars_on_v4_32_fits_with_figures(small_mars_on_v4_32):
     from importlib.metadata import version
 
     assert report["compiler"] == {"jax": version("jax"), "libtpu": version("libtpu")}
+    # ... and the command that makes it again (scripts/stale_tpu_figures.py prints it when the lock moves).
+    assert report["command"] == f"python -m levanter_mars.main.preflight --config_path {SMALL_MARS} --tpu_type v4-32 --json"
     assert "verdict         fits" in proc.stdout
 
 

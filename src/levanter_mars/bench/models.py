@@ -10,6 +10,7 @@ pinned Levanter's loss passes a float ``where=`` mask that jax >= 0.8 rejects (d
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,12 +27,14 @@ CONFIG_DIR = REPO / "config"
 
 @dataclasses.dataclass(frozen=True)
 class ModelSize:
-    """A GPT-2 of the repository: its config file, vocabulary and the batch the step benchmark feeds it."""
+    """A GPT-2 of the repository: its config file, vocabulary and the batch the step benchmark feeds it; ``overrides``
+    are ``(field, value)`` pairs that replace the config's model fields."""
 
     name: str
     config_file: str
     vocab_size: int
     batch_size: int
+    overrides: tuple[tuple[str, Any], ...] = ()
 
 
 PYDOCS_VOCAB = 4096  # levanter_mars.training.data.pydocs_corpus.VOCAB_SIZE (not imported: it pulls in the tokenizer stack)
@@ -43,6 +46,9 @@ SIZES = {
         ModelSize("bench", "bench_convergence.yaml", PYDOCS_VOCAB, 16),
         ModelSize("small", "gpt2_small_mars.yaml", GPT2_VOCAB, 8),
         ModelSize("medium", "gpt2_medium_mars.yaml", GPT2_VOCAB, 4),
+        # GPT-2 small's widths and vocabulary with 2 layers and biases: its update compiles for a TPU in seconds,
+        # not minutes (tests/test_tpu_update_goals.py).
+        ModelSize("small-reduced", "gpt2_small_mars.yaml", GPT2_VOCAB, 8, (("num_layers", 2), ("use_bias", True))),
     )
 }
 
@@ -77,7 +83,7 @@ def gpt2_config(size: ModelSize) -> Any:
 
     model = yaml.load((CONFIG_DIR / size.config_file).read_text(), Loader=_yaml_loader())["model"]
     fields = {k: v for k, v in model.items() if k != "type"}
-    return Gpt2Config(**fields)
+    return Gpt2Config(**{**fields, **dict(size.overrides)})
 
 
 def gpt2_initializer(size: ModelSize) -> tuple[Callable[[jax.Array], Any], Any]:
@@ -103,7 +109,9 @@ def trainable(model: Any) -> Any:
 
 
 def parameter_count(tree: Any) -> int:
-    return sum(x.size for x in jax.tree.leaves(tree) if eqx.is_inexact_array(x))
+    """Floating-point entries of ``tree``, arrays or shapes alike (``jax.ShapeDtypeStruct``)."""
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(tree)
+               if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact))
 
 
 def buffer_bytes(tree: Any) -> int:

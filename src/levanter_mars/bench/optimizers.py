@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import optax
 
 from levanter_mars.compat.levanter_optimizers import jax_tree_map_restored
+from levanter_mars.optim.guard import skip_nonfinite_updates
 
 ADAMW = "adamw"
 LEVANTER_MARS = "levanter-mars"
@@ -143,15 +144,20 @@ def select(names: Optional[str], default: list[str], baseline_ref: Optional[str]
     return [known[n] for n in wanted]
 
 
-def make_step(case: OptimizerCase, gradient_and_objective: Callable[[Any, Any], tuple[Any, Any]]) -> tuple[Any, Callable]:
+def make_step(
+    case: OptimizerCase, gradient_and_objective: Callable[[Any, Any], tuple[Any, Any]], *, guarded: bool = False
+) -> tuple[Any, Callable]:
     """``(optimizer, step)`` with ``step((params, opt_state, data)) -> (new_params, new_opt_state, data)``.
 
     ``gradient_and_objective(params, data)`` returns the gradient to apply and the ``obj_fn`` exact mode receives
     (the loss of the same data as a function of the parameters, as ``MarsTrainer`` passes it). It is traced inside
-    the step, so the data never become compile-time constants.
+    the step, so the data never become compile-time constants. ``guarded``: the optimizer inside the non-finite guard
+    every trainer wraps it in (``optim.guard.skip_nonfinite_updates``), i.e. the update training runs.
     """
     with case.tracing():
         optimizer = case.build()
+        if guarded:
+            optimizer = skip_nonfinite_updates(optimizer)
 
     def step(inputs):
         params, opt_state, data = inputs

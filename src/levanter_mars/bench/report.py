@@ -11,6 +11,7 @@ import sys
 from typing import Any, Iterable, Mapping, Sequence
 
 
+
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout (the tables then go to stderr)")
     parser.add_argument("--quick", action="store_true", help="a small smoke run (CI): minutes become seconds")

@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional, Sequence
 import jax
 import jax.numpy as jnp
 
+from levanter_mars.bench.hlo import traffic as hlo_traffic
 from levanter_mars.bench.models import buffer_bytes, parameter_count
 from levanter_mars.bench.optimizers import OptimizerCase, make_step
 from levanter_mars.bench.report import log
@@ -63,14 +64,19 @@ def compare(
     *,
     repeats: int,
     baseline: Optional[str] = "adamw",
+    unguarded_traffic: bool = False,
 ) -> list[dict]:
     """One row per optimizer: the jitted step's time (median, per repeat, as a ratio to ``baseline``), its state's
     bytes per parameter, XLA's memory figures and its memory traffic from the HLO (bytes accessed in float32
-    parameter-sized passes, and buffer copies). ``data`` is the step's input besides params and state."""
+    parameter-sized passes, and buffer copies). ``data`` is the step's input besides params and state.
+
+    The optimizer runs inside the non-finite guard every trainer wraps it in (what training runs); with
+    ``unguarded_traffic``, the traffic of the same step without the guard is compiled too (``hlo_passes_unguarded``,
+    and ``guard_hlo_passes`` the difference: the guard's own cost), not timed."""
     count = parameter_count(params)
     timed, state_bytes = [], {}
     for case in cases:
-        optimizer, step = make_step(case, gradient_and_objective)
+        optimizer, step = make_step(case, gradient_and_objective, guarded=True)
         init = jax.jit(optimizer.init)
         state_bytes[case.name] = buffer_bytes(jax.eval_shape(init, params))
 
@@ -106,8 +112,25 @@ def compare(
                 "copy_mib": None if copy_bytes is None else copy_bytes / 2**20,
             }
         )
+    if unguarded_traffic:
+        for case, row in zip(cases, rows):
+            row.update(_unguarded_traffic(case, params, data, gradient_and_objective, parameter_bytes, row))
     base = next((r for r in rows if r["optimizer"] == baseline), None)
     for row in rows:
         r = ratios(row, base)
         row["ratio_to_adamw"], row["cpu_ratio_to_adamw"] = r["wall"], r["cpu"]
     return rows
+
+
+def _unguarded_traffic(case: OptimizerCase, params: Any, data: Any, gradient_and_objective: Callable,
+                       parameter_bytes: int, guarded_row: dict) -> dict:
+    """The HLO passes of ``case``'s step without the non-finite guard (compiled, not run), and the guard's share."""
+    optimizer, step = make_step(case, gradient_and_objective, guarded=False)
+    with case.tracing():
+        inputs = jax.eval_shape(lambda p, d: (p, optimizer.init(p), d), params, data)
+        compiled = jax.jit(step, donate_argnums=0).lower(inputs).compile()
+    accessed = hlo_traffic(compiled)["bytes_accessed"]
+    passes = None if accessed is None else accessed / parameter_bytes
+    guarded = guarded_row["hlo_passes"]
+    return {"hlo_passes_unguarded": passes,
+            "guard_hlo_passes": None if passes is None or guarded is None else guarded - passes}

@@ -7,6 +7,11 @@ computes them. Passes are those bytes divided by the parameters' float32 bytes (
 
 Targets are one chip of a generation (a program on one device of the topology) or FSDP over n chips: every tensor
 sharded on its largest dimension that n divides (replicated if none), the way Levanter's FSDP splits ``embed``.
+
+A cost goal must hold for every honest way of building the program (:data:`CONSTRUCTIONS`): the gradient donated with
+the parameters and the state, as a train step's gradient is its own temporary, or its own input that the update may
+not overwrite. Each is compiled with the optimizer inside the non-finite guard every trainer wraps it in (the update
+training runs) and without it, so that the guard's own cost shows.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import time
 from typing import Any, Sequence
 
 import jax
@@ -47,6 +53,29 @@ TARGETS = {
 
 def select_targets(names: str) -> list[TpuTarget]:
     return select(names, TARGETS, "--tpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class Construction:
+    """How the update's program receives the gradient: ``donated`` with the parameters and state (the update may
+    write over it), or as its own input that it may not."""
+
+    name: str
+    gradient_donated: bool
+    description: str
+
+
+CONSTRUCTIONS = {
+    c.name: c
+    for c in (
+        Construction("donated", True, "step((params, state, gradient)), all donated; the gradient is returned as is"),
+        Construction("own-gradient", False, "step((params, state), gradient), params and state donated, the gradient not"),
+    )
+}
+
+
+def select_constructions(names: str) -> list[Construction]:
+    return select(names, CONSTRUCTIONS, "--constructions")
 
 
 def mesh_for(target: TpuTarget) -> jax.sharding.Mesh:
@@ -97,27 +126,51 @@ def abstract_on(tree: Any, mesh: jax.sharding.Mesh) -> Any:
     return jax.tree.map(place_named_or_plain, tree, is_leaf=hax.is_named_array)
 
 
-def compile_update(step: Any, init: Any, params: Any, data: Any, target: TpuTarget) -> dict[str, Any]:
-    """Compile ``step((params, state, data))`` (inputs donated) for ``target``; XLA:TPU's traffic and memory."""
+def _lowered(step: Any, inputs: tuple, construction: Construction) -> Any:
+    if construction.gradient_donated:
+        return jax.jit(step, donate_argnums=0).lower(inputs)
+
+    def update(params_and_state, data):
+        new_params, new_state, _ = step((*params_and_state, data))
+        return new_params, new_state
+
+    return jax.jit(update, donate_argnums=0).lower(inputs[:2], inputs[2])
+
+
+def compile_update(step: Any, init: Any, params: Any, data: Any, target: TpuTarget,
+                   construction: Construction = CONSTRUCTIONS["donated"]) -> dict[str, Any]:
+    """Compile the step ``step((params, state, data))``, built as ``construction`` says, for ``target``; XLA:TPU's
+    traffic and memory."""
     mesh = mesh_for(target)
     shapes = jax.eval_shape(lambda p, d: (p, init(p), d), params, data)
     inputs = abstract_on(shapes, mesh)
+    start = time.perf_counter()
     with mesh:
-        compiled = jax.jit(step, donate_argnums=0).lower(inputs).compile()
+        compiled = _lowered(step, inputs, construction).compile()
+    seconds = time.perf_counter() - start
     found = traffic(compiled)
     stats = compiled.memory_analysis()
     parameter_bytes = 4 * sum(math.prod(x.shape) for x in jax.tree.leaves(params)) / target.chips
-    accessed = found["bytes_accessed"]
+
+    def passes(key: str, times: int = 1) -> Any:
+        return None if found[key] is None else times * found[key] / parameter_bytes
+
     return {
         "target": target.name,
         "topology": target.topology,
         "chips": target.chips,
-        "tpu_passes": None if accessed is None else accessed / parameter_bytes,
+        "construction": construction.name,
+        "tpu_passes": passes("bytes_accessed"),
         "tpu_temp_mib": getattr(stats, "temp_size_in_bytes", 0) / 2**20,
         "tpu_copy_mib": None if found["copy_bytes"] is None else found["copy_bytes"] / 2**20,
         # Of tpu_passes, the staging between memory spaces (bench.hlo): each staged array is read and written once.
-        "tpu_staging_passes": None if found["staging_bytes"] is None else 2 * found["staging_bytes"] / parameter_bytes,
-        "tpu_bytes_accessed": accessed,
+        "tpu_staging_passes": passes("staging_bytes", 2),
+        # What the program's own operations move, staging left out (bench.hlo.own_traffic, an estimate).
+        "tpu_own_passes": passes("own_bytes"),
+        # What crosses between HBM and the chip, each staged array once (bench.hlo.hbm_traffic, an estimate).
+        "tpu_hbm_passes": passes("hbm_bytes"),
+        "tpu_bytes_accessed": found["bytes_accessed"],
+        "compile_s": seconds,
     }
 
 
@@ -134,39 +187,68 @@ def abstract_gpt2_parameters(size: Any) -> Any:
     return eqx.filter(model, lambda x: hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact))
 
 
-def columns(targets: Sequence[TpuTarget]) -> list[tuple[str, str]]:
-    """Table columns of :func:`compare`'s figures: passes, x AdamW and temporaries per target."""
+#: The figures of one compile that ``compare`` keeps, by the suffix of their key.
+FIGURES = {"passes": "tpu_passes", "temp_mib": "tpu_temp_mib", "copy_mib": "tpu_copy_mib",
+           "staging_passes": "tpu_staging_passes", "own_passes": "tpu_own_passes", "hbm_passes": "tpu_hbm_passes",
+           "compile_s": "compile_s"}
+
+
+def key(target: TpuTarget, construction: Construction, figure: str, guarded: bool = True) -> str:
+    """A row's key for ``figure`` (``passes``, ``ratio``, ``temp_mib``, ...): ``v5e_donated_passes`` for the update
+    training runs (inside the non-finite guard), ``v5e_donated_unguarded_passes`` for the optimizer alone, and
+    ``v5e_donated_guard_passes`` for the difference, the guard's own cost."""
+    return f"{target.name}_{construction.name}_{'' if guarded else 'unguarded_'}{figure}"
+
+
+def columns(targets: Sequence[TpuTarget], constructions: Sequence[Construction] = (CONSTRUCTIONS["donated"],),
+            unguarded: bool = True) -> list[tuple[str, str]]:
+    """Table columns of :func:`compare`'s figures: per target and construction, passes and x AdamW with the guard
+    (and without it, and the guard's own passes), and the temporaries."""
     out = []
     for t in targets:
-        out += [(f"{t.name}_passes", f"{t.name} passes"), (f"{t.name}_ratio", f"{t.name} x AdamW"),
-                (f"{t.name}_staging_passes", f"{t.name} of which staging"),
-                (f"{t.name}_temp_mib", f"{t.name} temp MiB")]
+        for c in constructions:
+            name = f"{t.name} {c.name}"
+            out += [(key(t, c, "passes"), f"{name} passes"), (key(t, c, "ratio"), f"{name} x AdamW")]
+            if unguarded:
+                out += [(key(t, c, "passes", False), f"{name} unguarded passes"),
+                        (key(t, c, "ratio", False), f"{name} unguarded x AdamW"),
+                        (key(t, c, "guard_passes"), f"{name} guard passes")]
+            out += [(key(t, c, "hbm_passes"), f"{name} HBM passes"), (key(t, c, "temp_mib"), f"{name} temp MiB")]
     return out
 
 
 def compare(cases: Sequence[Any], params: Any, gradient_and_objective: Any, targets: Sequence[TpuTarget],
+            constructions: Sequence[Construction] = (CONSTRUCTIONS["donated"],), unguarded: bool = True,
             baseline: str = "adamw", progress: Any = print) -> dict[str, dict[str, Any]]:
-    """``{optimizer: {"<target>_passes", "<target>_ratio" (to ``baseline``'s), "<target>_temp_mib", ...}}``: the
-    update benchmark's step (``bench.optimizers.make_step``) of every case compiled by XLA:TPU for every target."""
+    """``{optimizer: {key(target, construction, figure[, guarded]): value}}`` (:func:`key`): the update benchmark's
+    step (``bench.optimizers.make_step``) of every case compiled by XLA:TPU for every target and construction,
+    inside the non-finite guard and, with ``unguarded``, without it; ratios are to ``baseline``'s, built the same
+    way."""
     from levanter_mars.bench.optimizers import make_step
 
     shapes = jax.eval_shape(lambda p: p, params)
     found: dict[str, dict[str, Any]] = {}
     for case in cases:
-        optimizer, step = make_step(case, gradient_and_objective)
         row = found.setdefault(case.name, {})
-        for target in targets:
-            with case.tracing():
-                result = compile_update(step, optimizer.init, shapes, shapes, target)
-            progress(f"{target.name} {case.name}: {result['tpu_passes']:.2f} passes, "
-                     f"temp {result['tpu_temp_mib']:.0f} MiB")
-            row[f"{target.name}_passes"] = result["tpu_passes"]
-            row[f"{target.name}_temp_mib"] = result["tpu_temp_mib"]
-            row[f"{target.name}_copy_mib"] = result["tpu_copy_mib"]
-            row[f"{target.name}_staging_passes"] = result["tpu_staging_passes"]
+        for guarded in (True, False) if unguarded else (True,):
+            optimizer, step = make_step(case, gradient_and_objective, guarded=guarded)
+            for target in targets:
+                for construction in constructions:
+                    with case.tracing():
+                        result = compile_update(step, optimizer.init, shapes, shapes, target, construction)
+                    progress(f"{target.name} {construction.name} {case.name}{'' if guarded else ' unguarded'}: "
+                             f"{result['tpu_passes']:.2f} passes, temp {result['tpu_temp_mib']:.0f} MiB, "
+                             f"compiled in {result['compile_s']:.0f} s")
+                    for figure, field in FIGURES.items():
+                        row[key(target, construction, figure, guarded)] = result[field]
     base = found.get(baseline, {})
     for row in found.values():
         for target in targets:
-            b = base.get(f"{target.name}_passes")
-            row[f"{target.name}_ratio"] = None if not b else row[f"{target.name}_passes"] / b
+            for construction in constructions:
+                for guarded in (True, False) if unguarded else (True,):
+                    passes, b = row[key(target, construction, "passes", guarded)], base.get(key(target, construction, "passes", guarded))
+                    row[key(target, construction, "ratio", guarded)] = None if not b else passes / b
+                if unguarded:
+                    row[key(target, construction, "guard_passes")] = (
+                        row[key(target, construction, "passes")] - row[key(target, construction, "passes", False)])
     return found

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Optional
 
 from levanter_mars.infra.preflight.eval_steps import EVAL_HARNESS
@@ -12,21 +11,10 @@ from levanter_mars.infra.preflight.capacity import UsableHbm
 from levanter_mars.infra.preflight.step import ONE_BUFFER, Compiled
 from levanter_mars.infra.preflight.topology import GiB, TpuTarget
 from levanter_mars.infra.slices import neighbour_slice
+from levanter_mars.versions import command_line, compiler_versions
 
 
 TRAIN_STEP = "train_step"
-
-
-def compiler_versions() -> dict:
-    """Which TPU compiler produced the figures: they move with libtpu (and jax's lowering), so records carry it."""
-
-    def installed(package: str) -> Optional[str]:
-        try:
-            return version(package)
-        except PackageNotFoundError:
-            return None
-
-    return {"jax": installed("jax"), "libtpu": installed("libtpu")}
 
 
 @dataclass(frozen=True)
@@ -134,6 +122,7 @@ class Verdict:
             "eval": self._eval_json(),
             "seconds": self.seconds,
             "compiler": compiler_versions(),
+            "command": command_line(),
         }
 
     def _needs(self, name: str) -> str:

@@ -938,3 +938,75 @@ def test_defect_39_lm_eval_does_not_name_the_task_that_failed_and_the_workaround
     assert "pydocs_mc" not in str(error.value)
     assert lm_eval_harness.failing_task(error.value) == "pydocs_mc"
     assert lm_eval_harness.failing_task(ValueError("the model failed")) is None
+
+
+def _checkpoint_with_arrays(path):
+    """A committed temporary checkpoint: metadata, manifest and array chunks, named so that a listing order puts
+    some chunks before the metadata."""
+    _temporary_checkpoint(path)
+    for name in ("a/0.0", "a/.zarray", "manifest.json", "z/0.0"):
+        os.makedirs(os.path.dirname(os.path.join(path, name)), exist_ok=True)
+        with open(os.path.join(path, name), "w") as f:
+            f.write("x")
+    return path
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _delete_cut_short_after(monkeypatch, deletions: int):
+    """Every delete through fsspec's local filesystem raises (a kill) once ``deletions`` files are gone."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    gone = []
+    real_rm_file = LocalFileSystem.rm_file
+
+    def rm_file(self, path):
+        if len(gone) == deletions:
+            raise _Interrupted(path)
+        real_rm_file(self, path)
+        gone.append(path)
+
+    def rm(self, path, recursive=False, maxdepth=None):  # as object storage does: file by file, in listing order
+        for file in sorted(self.find(path)):
+            self.rm_file(file)
+        real_rm_file_tree(path)
+
+    import shutil
+
+    real_rm_file_tree = shutil.rmtree
+    monkeypatch.setattr(LocalFileSystem, "rm_file", rm_file)
+    monkeypatch.setattr(LocalFileSystem, "rm", rm)
+    return gone
+
+
+def test_defect_40_levanter_deletes_a_checkpoint_in_one_recursive_delete_and_the_workaround_unmarks_it(
+    tmp_path, monkeypatch
+):
+    from levanter.checkpoint import Checkpointer
+
+    from levanter_mars.training.checkpointing.audit import audit_checkpoint
+    from levanter_mars.training.checkpointing.writer import VerifiedCheckpointerConfig
+
+    # Levanter's delete, cut short after its first file: metadata.json is still there, a chunk is not.
+    upstream = Checkpointer(str(tmp_path / "upstream"), None, [])
+    torn = _checkpoint_with_arrays(str(tmp_path / "upstream" / "step-1"))
+    _delete_cut_short_after(monkeypatch, 1)
+    upstream._do_rm_checkpoint(torn)  # logs the failure, as Levanter does
+    assert not os.path.exists(os.path.join(torn, "a", ".zarray"))
+    assert os.path.exists(os.path.join(torn, "metadata.json")), "upstream now deletes metadata first: remove defect 40"
+
+    # Ours, cut short after its first file: the metadata went first, and the audit sees an incomplete checkpoint.
+    ours = VerifiedCheckpointerConfig(base_path=str(tmp_path / "ours")).create("run")
+    cut = _checkpoint_with_arrays(os.path.join(ours.base_path, "step-1"))
+    monkeypatch.undo()
+    _delete_cut_short_after(monkeypatch, 1)
+    with pytest.raises(_Interrupted):
+        ours._do_rm_checkpoint(cut)
+    assert not os.path.exists(os.path.join(cut, "metadata.json"))
+    assert audit_checkpoint(cut).state == "incomplete"
+    # Not cut short, it deletes everything.
+    monkeypatch.undo()
+    ours._do_rm_checkpoint(cut)
+    assert not os.path.exists(cut)

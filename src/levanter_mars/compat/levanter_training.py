@@ -1,4 +1,4 @@
-"""Levanter's Trainer and Checkpointer, where they need fixing or reaching into (defects 1, 2, 10, 15, 36).
+"""Levanter's Trainer and Checkpointer, where they need fixing or reaching into (defects 1, 2, 10, 15, 36, 40).
 
 :class:`FixedTrainer` is Levanter's ``Trainer`` with defects 1 and 2 fixed; the project's trainer subclasses it and
 never names a private member of Levanter itself.
@@ -53,6 +53,30 @@ def stop_data_loader(iterator: Any) -> None:
 def checkpointer_base_path(path: str) -> str:
     """A local checkpoint base path made absolute (defect 15): joining it with itself is then a no-op."""
     return path if "://" in path else os.path.abspath(path)
+
+
+class RemovesItsMarkersFirst(Checkpointer):
+    """Defect 40. Levanter deletes a superseded temporary checkpoint with one recursive delete, in whatever order the
+    storage lists its files: cut short (kill -9, preemption), it can leave ``metadata.json`` beside part of the
+    arrays, which looks like a checkpoint written whole, while zarr reads the deleted chunks as zeros. Here the files
+    named by :attr:`deleted_first` go first, so that a delete cut short leaves a checkpoint that is plainly
+    incomplete."""
+
+    deleted_first: tuple[str, ...] = ()
+
+    def _do_rm_checkpoint(self, checkpoint):
+        import contextlib
+        import posixpath
+
+        from levanter.checkpoint import _get_fs_and_plain_path
+        from levanter.utils import fsspec_utils
+
+        fs, plain_path = _get_fs_and_plain_path(self.base_path)
+        path = fsspec_utils.join_path(plain_path, checkpoint)
+        for name in self.deleted_first:
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm_file(posixpath.join(path, name))
+        super()._do_rm_checkpoint(checkpoint)
 
 
 def raise_pending_write_error(checkpointer: Checkpointer) -> None:

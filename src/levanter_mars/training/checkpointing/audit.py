@@ -1,7 +1,8 @@
 """Which checkpoints of a run are usable: each ``step-N`` directory classified from its metadata and manifest.
 
 * a directory without ``metadata.json`` was interrupted while its arrays were written (``kill -9``, preemption,
-  disk full) and is *incomplete*;
+  disk full), or while it was deleted (its metadata goes first: ``compat.levanter_training.RemovesItsMarkersFirst``),
+  and is *incomplete*;
 * a directory whose manifest does not match its files (a missing, truncated or altered file) is *corrupt*. This
   matters because zarr reads a missing chunk file as zeros, silently, so tensorstore alone cannot tell;
 * a directory with ``metadata.json`` but no manifest was interrupted between the two writes (its arrays are all
@@ -55,7 +56,8 @@ def audit_checkpoint(checkpoint_path: str, *, verify_checksums: bool = True) -> 
             metadata = json.load(f)
         step = int(metadata["step"])
     except FileNotFoundError:
-        return CheckpointStatus(checkpoint_path, None, "incomplete", "no metadata.json: interrupted while writing")
+        return CheckpointStatus(checkpoint_path, None, "incomplete",
+                                "no metadata.json: interrupted while writing or deleting")
     except (ValueError, KeyError, TypeError) as e:
         return CheckpointStatus(checkpoint_path, None, "corrupt", f"unreadable metadata.json ({e})")
 

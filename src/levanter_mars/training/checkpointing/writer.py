@@ -9,10 +9,16 @@ from typing import Callable, Iterator, Optional
 import equinox as eqx
 from levanter.checkpoint import Checkpointer, CheckpointerConfig, CheckpointInterval
 
-from levanter_mars.compat.levanter_training import checkpointer_base_path, last_saved_step, raise_pending_write_error
+from levanter_mars.compat.levanter_training import (
+    RemovesItsMarkersFirst,
+    checkpointer_base_path,
+    last_saved_step,
+    raise_pending_write_error,
+)
 from levanter_mars.optim.guard import all_finite
 from levanter_mars.training.checkpointing import manifest
 from levanter_mars.training.checkpointing.quarantine import clear_quarantine_marker
+from levanter_mars.training.checkpointing.storage import MANIFEST_NAME, METADATA_NAME
 from levanter_mars.training.errors import CheckpointError, NonFiniteTrainingError
 from levanter_mars.training.run import goodput_clock
 
@@ -33,10 +39,13 @@ class VerifiedCheckpointerConfig(CheckpointerConfig):
         )
 
 
-class VerifiedCheckpointer(Checkpointer):
+class VerifiedCheckpointer(RemovesItsMarkersFirst, Checkpointer):
     """A Checkpointer that writes a manifest after each commit (process 0, after every host's writes), refuses
-    non-finite states, saves a step once, and surfaces asynchronous write failures (disk full, permissions) as a
-    :class:`~levanter_mars.training.errors.CheckpointError`."""
+    non-finite states, saves a step once, surfaces asynchronous write failures (disk full, permissions) as a
+    :class:`~levanter_mars.training.errors.CheckpointError`, and deletes a superseded checkpoint's metadata and
+    manifest before its arrays (a delete cut short leaves it incomplete, quarantined on resume)."""
+
+    deleted_first = (METADATA_NAME, MANIFEST_NAME)
 
     run_info: dict
     """Stored in every manifest (the trainer sets it) and compared on resume."""

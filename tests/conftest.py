@@ -124,6 +124,12 @@ _module_environment_as_before = pytest.fixture(autouse=True, scope="module", nam
 _test_environment_as_before = pytest.fixture(autouse=True, name="_test_environment_as_before")(_environment_as_before)
 
 
+def pytest_collection_finish(session):
+    from tests.helpers import zygote
+
+    zygote.SESSION_ENVIRONMENT = dict(os.environ)  # what libraries set while test modules were imported included
+
+
 def pytest_terminal_summary(terminalreporter):
     from tests.helpers import zygote
 

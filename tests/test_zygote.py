@@ -42,3 +42,26 @@ def test_a_variable_a_library_sets_in_the_test_process_does_not_outlive_its_test
 def test_a_later_test_still_forks_from_the_same_zygote():
     assert "LEVANTER_MARS_LEFT_BY_A_LIBRARY" not in os.environ
     _child_of_the_zygote()
+
+
+def test_the_zygote_is_the_sessions_environment_not_the_first_programs(monkeypatch):
+    """A variable a library set in the test process while the zygote started (the test that started it happened to
+    build a dataset) is not the reference of every later program: the zygote's environment is the session's."""
+    if not zygote.ENABLED:
+        pytest.skip("LEVANTER_MARS_TEST_FORK=0: every program runs in a fresh interpreter, by request")
+    assert zygote.SESSION_ENVIRONMENT is not None
+    monkeypatch.setattr(zygote, "_ZYGOTE", None)  # this test starts a zygote of its own; the session's is kept
+    os.environ["LEVANTER_MARS_LEFT_BY_A_LIBRARY"] = "1"
+    polluted = zygote.popen(["-c", "import sys; sys.exit(7)"], cwd=REPO, env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    started = zygote._ZYGOTE
+    try:
+        assert polluted.wait(timeout=120) == 7
+        assert not isinstance(polluted, zygote.ForkedProcess)  # it differs from the session: a fresh interpreter
+        del os.environ["LEVANTER_MARS_LEFT_BY_A_LIBRARY"]
+        later = zygote.popen(["-c", "import sys; sys.exit(7)"], cwd=REPO, env=_env(), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        assert isinstance(later, zygote.ForkedProcess), started.differences(_env())
+        assert later.wait(timeout=60) == 7
+    finally:
+        started.close()

@@ -37,7 +37,13 @@ READ_AFTER_IMPORT = frozenset({
     "RUN_ID", "HF_TOKEN", "WANDB_API_KEY",
     "PYTEST_CURRENT_TEST",  # pytest sets it for every test: were it compared, no test but the first would fork
     "KMP_DUPLICATE_LIB_OK",  # scikit-learn sets it when a test imports it; read when a second OpenMP runtime loads
+    "TOKENIZERS_PARALLELISM",  # datasets sets it around a multi-process map; tokenizers reads it when it encodes
 })
+#: The test session's environment once its tests are collected, before any ran (conftest.py sets it): the zygote's.
+#: A library that changes ``os.environ`` during the test that happens to start the zygote (conftest.py restores it
+#: after each test) must not become every later program's reference. None outside a test session (scripts that use
+#: the helpers): the first program's environment.
+SESSION_ENVIRONMENT: Optional[dict[str, str]] = None
 #: What the zygote imports before it forks: the training and eval entry points and what they import lazily.
 PRELOAD = ("levanter_mars.main.train_lm", "levanter_mars.main.eval_harness", "matplotlib.pyplot")
 #: Modules that must not be imported in the zygote, since they read the emulator's address at import.
@@ -164,7 +170,8 @@ def _zygote(env: Mapping[str, str], cwd: str) -> Optional[Zygote]:
     if not ENABLED:
         return None
     if _ZYGOTE is None:
-        _ZYGOTE = Zygote(env, cwd)
+        reference = env if SESSION_ENVIRONMENT is None else SESSION_ENVIRONMENT
+        _ZYGOTE = Zygote({**reference, **{k: env[k] for k in READ_AFTER_IMPORT if k in env}}, cwd)
     differences = _ZYGOTE.differences(env)
     if differences:
         FRESH[differences] += 1

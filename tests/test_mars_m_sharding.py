@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from tests.helpers.evals import EIGHT_DEVICES
-from tests.helpers.training import run_python
+from tests.helpers.processes import EIGHT_DEVICES, run_python
 
 # bf16 Newton-Schulz amplifies the last-bit differences of sharded reductions (tests/test_sharding.py: shampoo).
 TOLERANCE = 1e-2

@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from tests.helpers.evals import EIGHT_DEVICES
-from tests.helpers.training import run_python
+from tests.helpers.processes import EIGHT_DEVICES, run_python
 
 # Sharded reductions (norms, gradient sums) change the last bit; bf16 Newton-Schulz amplifies such differences about
 # 500x per application (tests/data/golden_mars/README.md), so Shampoo gets a looser bound after 3 steps.

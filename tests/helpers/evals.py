@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Optional
 
 from tests.helpers import zygote
+from tests.helpers.processes import EIGHT_DEVICES  # noqa: F401 - where the e2e tests import it from
 from tests.helpers.training import REPO, _env
 
-# Set in the child process before jax is imported.
-EIGHT_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
 OFFLINE_SUITE = REPO / "config" / "eval" / "pydocs_offline.yaml"
 LOCAL_TASKS = REPO / "tests" / "data" / "lm_eval_tasks"
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 from typing import Any, Optional
@@ -13,8 +12,8 @@ from levanter_mars.bench.convergence import deep_merge
 from levanter_mars.training.data import pydocs_corpus
 from levanter_mars.training.run.metrics import read_metrics
 from tests.helpers import zygote
+from tests.helpers.processes import REPO, _env, run_python  # noqa: F401 - run_python: the helpers' one import
 
-REPO = Path(__file__).resolve().parents[2]
 TINY_CONFIG = REPO / "config" / "gpt2_tiny_mars.yaml"
 #: How often a test looks at a running process (its metrics, its files). Faster polling steals CPU from the
 #: trainers it watches (several can share 2 cores) and makes a test depend on catching a short window.
@@ -59,13 +58,6 @@ def cli_arguments(config_path: Path, *extra: str, prelude: str = "") -> list[str
     return ["-c", code, "--config_path", str(config_path), *extra]
 
 
-def _env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    env.update(extra or {})
-    return env
-
-
 def run_cli(
     config_path: Path, *extra: str, prelude: str = "", timeout: float = 600, env: Optional[dict[str, str]] = None,
     fresh_interpreter: bool = False,
@@ -75,12 +67,6 @@ def run_cli(
     ``env`` adds environment variables (e.g. simulated devices)."""
     return zygote.run(cli_arguments(config_path, *extra, prelude=prelude), cwd=REPO, env=_env(env), timeout=timeout,
                       fork=not fresh_interpreter)
-
-
-def run_python(*args: str, env: Optional[dict[str, str]] = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """``python ARGS`` (a script, ``-m module`` or ``-c code``) from the repository root, to completion, in a process of
-    its own (forked from the test zygote); ``env`` adds environment variables."""
-    return zygote.run(list(args), cwd=REPO, env=_env(env), timeout=timeout)
 
 
 def start_cli(

@@ -17,7 +17,6 @@ training runs) and without it, so that the guard's own cost shows.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import time
 from typing import Any, Sequence
@@ -26,7 +25,7 @@ import jax
 import numpy as np
 
 from levanter_mars.bench.hlo import traffic
-from levanter_mars.bench.models import select
+from levanter_mars.bench.models import parameter_count, select
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +149,7 @@ def compile_update(step: Any, init: Any, params: Any, data: Any, target: TpuTarg
     seconds = time.perf_counter() - start
     found = traffic(compiled)
     stats = compiled.memory_analysis()
-    parameter_bytes = 4 * sum(math.prod(x.shape) for x in jax.tree.leaves(params)) / target.chips
+    parameter_bytes = 4 * parameter_count(params) / target.chips
 
     def passes(key: str, times: int = 1) -> Any:
         return None if found[key] is None else times * found[key] / parameter_bytes
@@ -226,11 +225,12 @@ def compare(cases: Sequence[Any], params: Any, gradient_and_objective: Any, targ
     way."""
     from levanter_mars.bench.optimizers import make_step
 
+    variants = (True, False) if unguarded else (True,)  # guarded, and the optimizer alone
     shapes = jax.eval_shape(lambda p: p, params)
     found: dict[str, dict[str, Any]] = {}
     for case in cases:
         row = found.setdefault(case.name, {})
-        for guarded in (True, False) if unguarded else (True,):
+        for guarded in variants:
             optimizer, step = make_step(case, gradient_and_objective, guarded=guarded)
             for target in targets:
                 for construction in constructions:
@@ -245,7 +245,7 @@ def compare(cases: Sequence[Any], params: Any, gradient_and_objective: Any, targ
     for row in found.values():
         for target in targets:
             for construction in constructions:
-                for guarded in (True, False) if unguarded else (True,):
+                for guarded in variants:
                     passes, b = row[key(target, construction, "passes", guarded)], base.get(key(target, construction, "passes", guarded))
                     row[key(target, construction, "ratio", guarded)] = None if not b else passes / b
                 if unguarded:

@@ -62,7 +62,8 @@ def entry_staging(hlo_text: str) -> list[int]:
     return sizes
 
 
-_ARRAY = re.compile(r"(\w+)\[([\d,]*)\]")
+#: An array of an HLO type, with its layout (and memory space) where the type gives one.
+_ARRAY = re.compile(r"(\w+)\[([\d,]*)\](\{[^}]*\})?")
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%([\w.\-]+)\s*\(.*\{\s*$")
 _LINE = re.compile(r"\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(\(.*?\)|\w+\[[\d,]*\](?:\{[^}]*\})?)\s+([\w\-]+)\((.*?)\)(?:,|$)")
 #: Operations that move no bytes of their own, or that stage (the staging is counted by entry_staging).
@@ -70,8 +71,15 @@ _NOT_OWN = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "a
             "replica-id", "copy-start", "copy-done", "slice-start", "slice-done", "while"}
 
 
-def _type_bytes(hlo_type: str) -> int:
-    return sum(_bytes(dtype, dims) for dtype, dims in _ARRAY.findall(hlo_type) if dtype != "token")
+def _type_bytes(hlo_type: str, *, hbm_only: bool = False) -> int:
+    """Bytes of the arrays of ``hlo_type``; ``hbm_only``: of those that live in HBM, memory space 0, the default
+    (``S(1)`` is on-chip)."""
+    total = 0
+    for dtype, dims, layout in _ARRAY.findall(hlo_type):
+        space = re.search(r"S\((\d+)\)", layout) if hbm_only else None
+        if dtype != "token" and (space is None or space.group(1) == "0"):
+            total += _bytes(dtype, dims)
+    return total
 
 
 def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str]:
@@ -87,19 +95,6 @@ def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str]:
         elif lines is not None:
             lines.append(line)
     return computations, entry
-
-
-_ARRAY_IN_SPACE = re.compile(r"(\w+)\[([\d,]*)\](\{[^}]*\})?")
-
-
-def _hbm_bytes(hlo_type: str) -> int:
-    """Bytes of the arrays of ``hlo_type`` that live in HBM: memory space 0, the default (``S(1)`` is on-chip)."""
-    total = 0
-    for dtype, dims, layout in _ARRAY_IN_SPACE.findall(hlo_type):
-        space = re.search(r"S\((\d+)\)", layout or "")
-        if dtype != "token" and (space is None or space.group(1) == "0"):
-            total += _bytes(dtype, dims)
-    return total
 
 
 def _instructions(hlo_text: str):
@@ -137,7 +132,7 @@ def hbm_traffic(hlo_text: str) -> int:
             staged = _STAGING.match(line) or _SLICE_STAGING.match(line)
             total += _bytes(*staged.groups()) if staged else 0
         elif not _moves_no_bytes(line, op):
-            total += _hbm_bytes(hlo_type) + sum(_hbm_bytes(t) for t in operand_types)
+            total += _type_bytes(hlo_type, hbm_only=True) + sum(_type_bytes(t, hbm_only=True) for t in operand_types)
     return total
 
 

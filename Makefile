@@ -4,6 +4,10 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Tests run in TEST_WORKERS processes (pytest-xdist), a file to a worker: a test's subprocesses leave a core idle
+# about half the time. Session fixtures are still made once per run (tests/helpers/shared.py). TEST_WORKERS=0: one.
+TEST_WORKERS ?= 2
+WORKERS := $(if $(filter 0,$(TEST_WORKERS)),-n 0,-n $(TEST_WORKERS) --dist loadfile)
 
 .PHONY: setup demo test test-all test-fast clean-demo lock
 
@@ -23,17 +27,17 @@ demo: setup
 
 ## Set up, then run the test suite but the `extended` tests (this is what .ci/run calls).
 test: setup
-	$(PY) -m pytest -m "not extended" $(ARGS)
+	$(PY) -m pytest $(WORKERS) -m "not extended" $(ARGS)
 
 ## Set up, then run every test, the `extended` ones too (slow duplicates of CI coverage).
 test-all: setup
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest $(WORKERS) $(ARGS)
 
 ## Set up, then run the tests that are not marked slow: no training run, corpus build, storage emulator or
 ## simulated-device subprocess (tests/conftest.py marks those), nor a test that spends seconds compiling a model or
 ## starting a Python subprocess (marked where it is defined). The suite to run while editing: under 3 minutes.
 test-fast: setup
-	$(PY) -m pytest -m "not slow" $(ARGS)
+	$(PY) -m pytest $(WORKERS) -m "not slow" $(ARGS)
 
 ## Regenerate constraints.txt from the current .venv (after changing pins in pyproject.toml).
 lock: setup

@@ -32,6 +32,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 import ipaddress  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -130,6 +131,21 @@ def pytest_collection_finish(session):
     zygote.SESSION_ENVIRONMENT = dict(os.environ)  # what libraries set while test modules were imported included
 
 
+def pytest_sessionfinish(session):
+    from tests.helpers import zygote
+
+    if hasattr(session.config, "workeroutput"):  # a pytest-xdist worker: its tallies go to the controller's summary
+        session.config.workeroutput["zygote"] = zygote.counts()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    from tests.helpers import zygote
+
+    if "zygote" in getattr(node, "workeroutput", {}):
+        zygote.add_counts(node.workeroutput["zygote"])
+
+
 def pytest_terminal_summary(terminalreporter):
     from tests.helpers import zygote
 
@@ -141,10 +157,13 @@ def pytest_terminal_summary(terminalreporter):
 def pydocs_corpus(tmp_path_factory):
     """The embedded corpus and tokenizer, built once per test session."""
     from levanter_mars.training.data import pydocs_corpus
+    from tests.helpers.shared import once_per_run
 
-    directory = tmp_path_factory.mktemp("pydocs")
-    pydocs_corpus.prepare(directory)
-    return directory
+    def make(directory):
+        pydocs_corpus.prepare(directory)
+        return directory
+
+    return once_per_run(tmp_path_factory, "pydocs", make, str, Path)
 
 
 @pytest.fixture(scope="session")
@@ -153,18 +172,30 @@ def reference_runs(tmp_path_factory, pydocs_corpus):
 
     Returns ``{mode: (config_path, completed_process, paths)}``.
     """
-    from tests.helpers.training import REFERENCE_MODES, describe_failure, run_cli, run_paths, tiny_config
+    from tests.helpers.shared import once_per_run
+    from tests.helpers.training import (REFERENCE_MODES, describe_failure, finished_process, process_record, run_cli,
+                                        run_paths, tiny_config)
 
-    workdir = tmp_path_factory.mktemp("reference")
-    runs = {}
-    for mode, overrides in REFERENCE_MODES.items():
-        config = tiny_config(workdir, pydocs_corpus, f"ref-{mode}", overrides)
-        # Every other run of the session is forked from the test zygote (tests/helpers/zygote.py); this one starts
-        # as a user's command does, in a fresh interpreter, so the suite trains through that path too.
-        proc = run_cli(config, fresh_interpreter=mode == "approx")
-        assert proc.returncode == 0, describe_failure(proc)
-        runs[mode] = (config, proc, run_paths(workdir, f"ref-{mode}"))
-    return runs
+    def make(workdir):
+        runs = {}
+        for mode, overrides in REFERENCE_MODES.items():
+            config = tiny_config(workdir, pydocs_corpus, f"ref-{mode}", overrides)
+            # Every other run of the session is forked from the test zygote (tests/helpers/zygote.py); this one
+            # starts as a user's command does, in a fresh interpreter, so the suite trains through that path too.
+            proc = run_cli(config, fresh_interpreter=mode == "approx")
+            assert proc.returncode == 0, describe_failure(proc)
+            runs[mode] = (config, proc, run_paths(workdir, f"ref-{mode}"))
+        return runs
+
+    def record(runs):
+        return {mode: [str(config), process_record(proc), str(paths["run_dir"].parents[1])]
+                for mode, (config, proc, paths) in runs.items()}
+
+    def restore(recorded):
+        return {mode: (Path(config), finished_process(proc), run_paths(Path(workdir), f"ref-{mode}"))
+                for mode, (config, proc, workdir) in recorded.items()}
+
+    return once_per_run(tmp_path_factory, "reference", make, record, restore)
 
 
 @pytest.fixture(scope="session")
@@ -175,15 +206,26 @@ def pod_reference(tmp_path_factory, pydocs_corpus):
     Returns ``(config_path, pod, paths)``.
     """
     from tests.helpers.evals import include_suite
-    from tests.helpers.pod import reference_outputs, run_pod
+    from tests.helpers.pod import PodRun, reference_outputs, run_pod
+    from tests.helpers.shared import once_per_run
     from tests.helpers.training import run_paths, tiny_config
 
-    workdir = tmp_path_factory.mktemp("pod-reference")
-    config = include_suite(tiny_config(workdir, pydocs_corpus, "pod-approx"))
-    pod = run_pod(config, log_dir=workdir / "logs", name="pod-approx",
-                  retry_from_scratch=reference_outputs(workdir, "pod-approx"))
-    assert [p.returncode for p in pod.procs] == [0, 0], pod.describe()
-    return config, pod, run_paths(workdir, "pod-approx")
+    def make(workdir):
+        config = include_suite(tiny_config(workdir, pydocs_corpus, "pod-approx"))
+        pod = run_pod(config, log_dir=workdir / "logs", name="pod-approx",
+                      retry_from_scratch=reference_outputs(workdir, "pod-approx"))
+        assert [p.returncode for p in pod.procs] == [0, 0], pod.describe()
+        return config, pod, run_paths(workdir, "pod-approx")
+
+    def record(made):
+        config, pod, paths = made
+        return [str(config), pod.record(), str(paths["run_dir"].parents[1])]
+
+    def restore(recorded):
+        config, pod, workdir = recorded
+        return Path(config), PodRun.restore(pod), run_paths(Path(workdir), "pod-approx")
+
+    return once_per_run(tmp_path_factory, "pod-reference", make, record, restore)
 
 
 @pytest.fixture(scope="session")

@@ -29,12 +29,11 @@ def load_budget(path: Path = BUDGET) -> dict[str, float]:
     return json.loads(path.read_text())["seconds"] if path.exists() else {}
 
 
-def pytest_collection_modifyitems(items):
-    _slow.update(item.nodeid for item in items if item.get_closest_marker("slow"))
-
-
 def pytest_runtest_logreport(report):
+    # Under pytest-xdist the controller collects nothing, but hears every worker's reports, markers included.
     _seconds[report.nodeid] += report.duration
+    if "slow" in report.keywords:
+        _slow.add(report.nodeid)
 
 
 def over_budget(seconds: dict[str, float], budget: dict[str, float]) -> list[tuple[str, float, float]]:
@@ -48,7 +47,7 @@ def unbudgeted(seconds: dict[str, float], budget: dict[str, float], slow: set[st
 
 
 def pytest_terminal_summary(terminalreporter):
-    if not _seconds:
+    if not _seconds or hasattr(terminalreporter.config, "workerinput"):
         return
     budget = load_budget()
     write = terminalreporter.write_line

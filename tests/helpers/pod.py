@@ -35,6 +35,22 @@ def pod_flags(num_processes: int, process_id: int, port: int) -> list[str]:
     ]
 
 
+@dataclass
+class FinishedProcess:
+    """A process of a pod another test worker ran (tests/helpers/shared.py): ended with ``returncode``."""
+
+    returncode: int
+
+    def poll(self) -> int:
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        return self.returncode
+
+    def kill(self) -> None:
+        pass
+
+
 class PodHung(AssertionError):
     def __init__(self, message: str, all_running: bool):
         super().__init__(message)
@@ -79,6 +95,14 @@ class PodRun:
 
     def output(self, i: int) -> str:
         return self.logs[i].read_text(errors="replace")
+
+    def record(self) -> dict:
+        """A finished pod as JSON (tests/helpers/shared.py): its exit codes and logs."""
+        return {"returncodes": [proc.poll() for proc in self.procs], "logs": [str(log) for log in self.logs]}
+
+    @classmethod
+    def restore(cls, record: dict) -> "PodRun":
+        return cls([FinishedProcess(code) for code in record["returncodes"]], [Path(log) for log in record["logs"]])
 
     def describe(self) -> str:
         parts = []

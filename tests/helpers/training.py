@@ -127,3 +127,13 @@ def rerun_matches_reference(config, paths, reference_runs, mode="approx", resume
         expected = "unverified" if status.step in unverified else "verified"
         assert status.state == expected, status
     return rerun
+
+
+def process_record(proc: subprocess.CompletedProcess) -> dict[str, Any]:
+    """What a finished run's ``CompletedProcess`` holds, as JSON (tests/helpers/shared.py)."""
+    return {"args": [str(a) for a in proc.args], "returncode": proc.returncode, "stdout": proc.stdout,
+            "stderr": proc.stderr}
+
+
+def finished_process(record: dict[str, Any]) -> subprocess.CompletedProcess:
+    return subprocess.CompletedProcess(**record)

@@ -180,6 +180,19 @@ def _zygote(env: Mapping[str, str], cwd: str) -> Optional[Zygote]:
     return _ZYGOTE
 
 
+def counts() -> dict:
+    """This process's tallies as JSON-able data: a pytest-xdist worker sends them to the controller."""
+    return {"forks": FORKS, "fresh": [[sorted(keys), n] for keys, n in FRESH.items()]}
+
+
+def add_counts(tallies: dict) -> None:
+    """Adds a worker's :func:`counts` to this process's, for :func:`summary`."""
+    global FORKS
+    FORKS += tallies["forks"]
+    for keys, n in tallies["fresh"]:
+        FRESH[frozenset(keys)] += n
+
+
 def summary() -> list[str]:
     """Lines for the session's summary: how many programs were forked and why the others were not."""
     if not ENABLED:

@@ -6,8 +6,6 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
-
 from tests.helpers.shared import once_per_run
 
 
@@ -63,10 +61,3 @@ def test_without_workers_the_run_directory_is_the_base_temp(tmp_path, monkeypatc
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     factory = _WorkerTemp(tmp_path, "solo")
     assert once_per_run(factory, "thing", lambda d: str(d), str, str) == str(factory.base / "thing")
-
-
-@pytest.mark.parametrize("nodeid", ["tests/a.py::t[x@y]", "tests/a.py::t"])
-def test_the_durations_report_sees_a_tests_own_id(nodeid):
-    from tests.helpers.durations import plain_nodeid
-
-    assert plain_nodeid(f"{nodeid}@multi-process") == nodeid and plain_nodeid(nodeid) == nodeid

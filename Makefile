@@ -4,11 +4,10 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# Tests run in TEST_WORKERS processes (pytest-xdist): a test's subprocesses leave a core idle about half the time.
-# A file goes to one worker, the pod files to one worker together (tests/helpers/scheduling.py); session fixtures
-# are still made once per run (tests/helpers/shared.py). TEST_WORKERS=0: one process.
+# Tests run in TEST_WORKERS processes (pytest-xdist), a file to a worker: a test's subprocesses leave a core idle
+# about half the time. Session fixtures are still made once per run (tests/helpers/shared.py). TEST_WORKERS=0: one.
 TEST_WORKERS ?= 2
-WORKERS := $(if $(filter 0,$(TEST_WORKERS)),-n 0,-n $(TEST_WORKERS) --dist loadgroup)
+WORKERS := $(if $(filter 0,$(TEST_WORKERS)),-n 0,-n $(TEST_WORKERS) --dist loadfile)
 
 .PHONY: setup demo test test-all test-fast clean-demo lock
 

@@ -36,7 +36,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-pytest_plugins = ["tests.helpers.durations", "tests.helpers.scheduling"]
+pytest_plugins = ["tests.helpers.durations"]
 
 _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex

@@ -10,7 +10,6 @@ to ``.cache/test-durations.json``; ``python scripts/test_budget.py`` turns that 
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -24,12 +23,6 @@ UNBUDGETED_S = 10.0
 _seconds: dict[str, float] = defaultdict(float)
 _slow: set[str] = set()
 _started = time.time()
-_GROUP_SUFFIX = re.compile(r"@[^@\[\]]+$")
-
-
-def plain_nodeid(nodeid: str) -> str:
-    """A test's id without the ``@group`` pytest-xdist appends under ``--dist loadgroup`` (tests/helpers/scheduling.py)."""
-    return _GROUP_SUFFIX.sub("", nodeid)
 
 
 def load_budget(path: Path = BUDGET) -> dict[str, float]:
@@ -38,10 +31,9 @@ def load_budget(path: Path = BUDGET) -> dict[str, float]:
 
 def pytest_runtest_logreport(report):
     # Under pytest-xdist the controller collects nothing, but hears every worker's reports, markers included.
-    nodeid = plain_nodeid(report.nodeid)
-    _seconds[nodeid] += report.duration
+    _seconds[report.nodeid] += report.duration
     if "slow" in report.keywords:
-        _slow.add(nodeid)
+        _slow.add(report.nodeid)
 
 
 def over_budget(seconds: dict[str, float], budget: dict[str, float]) -> list[tuple[str, float, float]]:

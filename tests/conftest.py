@@ -163,7 +163,7 @@ def pydocs_corpus(tmp_path_factory):
         pydocs_corpus.prepare(directory)
         return directory
 
-    return once_per_run(tmp_path_factory, "pydocs", make, str, Path)
+    return once_per_run(tmp_path_factory, "pydocs", make, str, lambda recorded, directory: directory)
 
 
 @pytest.fixture(scope="session")
@@ -188,12 +188,11 @@ def reference_runs(tmp_path_factory, pydocs_corpus):
         return runs
 
     def record(runs):
-        return {mode: [str(config), process_record(proc), str(paths["run_dir"].parents[1])]
-                for mode, (config, proc, paths) in runs.items()}
+        return {mode: [str(config), process_record(proc)] for mode, (config, proc, _) in runs.items()}
 
-    def restore(recorded):
-        return {mode: (Path(config), finished_process(proc), run_paths(Path(workdir), f"ref-{mode}"))
-                for mode, (config, proc, workdir) in recorded.items()}
+    def restore(recorded, workdir):
+        return {mode: (Path(config), finished_process(proc), run_paths(workdir, f"ref-{mode}"))
+                for mode, (config, proc) in recorded.items()}
 
     return once_per_run(tmp_path_factory, "reference", make, record, restore)
 
@@ -218,12 +217,12 @@ def pod_reference(tmp_path_factory, pydocs_corpus):
         return config, pod, run_paths(workdir, "pod-approx")
 
     def record(made):
-        config, pod, paths = made
-        return [str(config), pod.record(), str(paths["run_dir"].parents[1])]
+        config, pod, _ = made
+        return [str(config), pod.record()]
 
-    def restore(recorded):
-        config, pod, workdir = recorded
-        return Path(config), PodRun.restore(pod), run_paths(Path(workdir), "pod-approx")
+    def restore(recorded, workdir):
+        config, pod = recorded
+        return Path(config), PodRun.restore(pod), run_paths(workdir, "pod-approx")
 
     return once_per_run(tmp_path_factory, "pod-reference", make, record, restore)
 

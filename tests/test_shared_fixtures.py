@@ -20,11 +20,16 @@ class _WorkerTemp:
         return self.base
 
 
+def _restore(recorded, directory):
+    assert recorded == str(directory), "the record is what the maker made, in the directory every worker sees"
+    return recorded.upper()
+
+
 def _ask_from_workers(tmp_path, monkeypatch, make, workers=("gw0", "gw1", "gw2")):
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
     factories = [_WorkerTemp(tmp_path, w) for w in workers]
     with ThreadPoolExecutor(len(factories)) as pool:
-        futures = [pool.submit(once_per_run, f, "thing", make, str, str.upper) for f in factories]
+        futures = [pool.submit(once_per_run, f, "thing", make, str, _restore) for f in factories]
         return [f.exception() or f.result() for f in futures]
 
 
@@ -60,4 +65,4 @@ def test_a_failed_make_fails_every_worker_with_the_makers_traceback(tmp_path, mo
 def test_without_workers_the_run_directory_is_the_base_temp(tmp_path, monkeypatch):
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     factory = _WorkerTemp(tmp_path, "solo")
-    assert once_per_run(factory, "thing", lambda d: str(d), str, str) == str(factory.base / "thing")
+    assert once_per_run(factory, "thing", lambda d: str(d), str, _restore) == str(factory.base / "thing")

@@ -23,14 +23,14 @@ def run_directory(tmp_path_factory) -> Path:
 
 
 def once_per_run(tmp_path_factory, name: str, make: Callable[[Path], Any], record: Callable[[Any], Any],
-                 restore: Callable[[Any], Any]) -> Any:
-    """``make(directory)`` in the first worker to ask; every worker gets ``restore(record(result))`` (the maker gets
-    ``result`` itself). A failed ``make`` fails every worker that asks, with the maker's traceback."""
+                 restore: Callable[[Any, Path], Any]) -> Any:
+    """``make(directory)`` in the first worker to ask; every other worker gets ``restore(record(result), directory)``
+    (the maker gets ``result`` itself). A failed ``make`` fails every worker that asks, with the maker's traceback."""
     root = run_directory(tmp_path_factory)
     directory, done, failed = root / name, root / f"{name}.json", root / f"{name}.failed"
     with FileLock(str(root / f"{name}.lock")):
         if done.exists():
-            return restore(json.loads(done.read_text()))
+            return restore(json.loads(done.read_text()), directory)
         if failed.exists():
             raise RuntimeError(f"session fixture {name!r} failed in another worker:\n{failed.read_text()}")
         directory.mkdir()

@@ -26,7 +26,6 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     else:
         os.environ["JAX_COMPILATION_CACHE_DIR"] = str(
             compile_cache.session_cache_dir(Path(__file__).parents[1] / "constraints.txt"))
-    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(compile_cache.MAX_BYTES))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # A process that hangs can be asked where (SIGABRT): every child, and the zygote's forks, dump their Python stacks.
 os.environ.setdefault("PYTHONFAULTHANDLER", "1")

@@ -65,3 +65,22 @@ def test_the_zygote_is_the_sessions_environment_not_the_first_programs(monkeypat
         assert later.wait(timeout=60) == 7
     finally:
         started.close()
+
+
+def test_a_child_parses_the_training_config_without_reading_class_sources_again():
+    """Draccus reads every config field's help from its class's source (inspect: about 1 CPU-second a program): the
+    zygote reads it once, before it forks, and a child that parses the training config reads no class source."""
+    if not zygote.ENABLED:
+        pytest.skip("LEVANTER_MARS_TEST_FORK=0: every program runs in a fresh interpreter, by request")
+    code = (
+        "import sys\n"
+        "from draccus.wrappers.docstring import _get_class_source\n"
+        "from levanter_mars.program_config import parse_train_config\n"
+        "before = _get_class_source.cache_info().misses\n"
+        "parse_train_config(['--config_path', sys.argv[1]])\n"
+        "print('read before:', before, 'while parsing:', _get_class_source.cache_info().misses - before)\n"
+    )
+    proc = zygote.run(["-c", code, str(REPO / "config" / "gpt2_tiny_mars.yaml")], cwd=REPO, env=_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    before, parsing = (int(n) for n in proc.stdout.replace("read before:", "").split("while parsing:"))
+    assert before > 50 and parsing == 0, proc.stdout

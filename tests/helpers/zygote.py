@@ -46,6 +46,10 @@ READ_AFTER_IMPORT = frozenset({
 SESSION_ENVIRONMENT: Optional[dict[str, str]] = None
 #: What the zygote imports before it forks: the training and eval entry points and what they import lazily.
 PRELOAD = ("levanter_mars.main.train_lm", "levanter_mars.main.eval_harness", "matplotlib.pyplot")
+#: The entry points' config classes (module, class): draccus reads the help text of every field from its class's
+#: source when it builds a parser, about 1 CPU-second a program; read once in the zygote, every fork has it.
+CONFIG_CLASSES = (("levanter_mars.program_config", "TrainAndEvalConfig"),
+                  ("levanter_mars.main.eval_harness", "EvalHarnessMainConfig"))
 #: Modules that must not be imported in the zygote, since they read the emulator's address at import.
 NOT_PRELOADED = ("gcsfs",)
 ENABLED = os.environ.get("LEVANTER_MARS_TEST_FORK", "1") != "0"
@@ -256,6 +260,7 @@ def _serve(address: str):
     listener.close()
     for module in PRELOAD:
         importlib.import_module(module)
+    _read_config_help()
     _check_fork_safe()
     conn.send("ready")
     children: set[int] = set()
@@ -281,6 +286,15 @@ def _serve(address: str):
                 os.kill(pid, signal.SIGKILL)
             conn.send(None)
             sys.exit(0)
+
+
+def _read_config_help() -> None:
+    import importlib
+
+    from draccus.argparsing import ArgumentParser
+
+    for module, name in CONFIG_CLASSES:
+        ArgumentParser(config_class=getattr(importlib.import_module(module), name))
 
 
 def _check_fork_safe() -> None:

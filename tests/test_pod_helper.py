@@ -3,18 +3,19 @@ hangs again, or whose process failed, is an error."""
 
 import subprocess
 import sys
+import time
 
 import pytest
 
 from tests.helpers import pod
 
 
-def _fake_start(tmp_path, hangs: int):
+def _fake_start(tmp_path, hangs: int, hung: str = "import time; time.sleep(120)"):
     started = []
 
     def start(config_path, *extra, **kwargs):
         started.append(config_path)
-        code = "import time; time.sleep(120)" if len(started) <= hangs else "pass"
+        code = hung if len(started) <= hangs else "pass"
         logs = [tmp_path / f"attempt-{len(started)}.process-{i}.log" for i in range(2)]
         procs = []
         for log in logs:
@@ -49,3 +50,25 @@ def test_a_pod_that_hangs_twice_or_without_a_retry_fails(tmp_path, monkeypatch):
     with pytest.raises(pod.PodHung):
         pod.run_pod(tmp_path / "r.yaml", timeout=3)
     assert len(started) == 3
+
+
+def test_a_reference_pod_whose_logs_stay_still_is_hung_long_before_its_timeout(tmp_path, monkeypatch):
+    """ci8's deadlocked reference pod was found at its 600 s timeout: one whose processes all run and write nothing
+    for REFERENCE_SILENCE_S is retried then."""
+    start, started = _fake_start(tmp_path, hangs=1)
+    monkeypatch.setattr(pod, "start_pod", start)
+    monkeypatch.setattr(pod, "REFERENCE_SILENCE_S", 2)
+    began = time.monotonic()
+    done = pod.run_pod(tmp_path / "r.yaml", timeout=100, retry_from_scratch=pod.reference_outputs(tmp_path, "r"))
+    assert len(started) == 2 and [p.returncode for p in done.procs] == [0, 0]
+    assert time.monotonic() - began < 50, "found at the timeout, not by its silence"
+    assert "Fatal Python error: Aborted" in (tmp_path / "attempt-1.process-0.log").read_text()
+
+
+def test_a_pod_that_keeps_writing_is_not_hung_however_long_it_runs(tmp_path, monkeypatch):
+    writing = "import time\nfor i in range(12):\n    print(i, flush=True)\n    time.sleep(0.5)"
+    start, started = _fake_start(tmp_path, hangs=1, hung=writing)
+    monkeypatch.setattr(pod, "start_pod", start)
+    monkeypatch.setattr(pod, "REFERENCE_SILENCE_S", 2)
+    done = pod.run_pod(tmp_path / "r.yaml", timeout=100, retry_from_scratch=pod.reference_outputs(tmp_path, "r"))
+    assert len(started) == 1 and [p.returncode for p in done.procs] == [0, 0]

@@ -62,22 +62,31 @@ class PodRun:
     procs: list  # subprocess.Popen or zygote.ForkedProcess
     logs: list[Path]
 
-    def wait(self, timeout: float = 900, grace: float = 120) -> list[int]:
+    def wait(self, timeout: float = 900, grace: float = 120, silent_s: Optional[float] = None) -> list[int]:
         """Waits for every process. A process that fails gives the others ``grace`` seconds to end too (a pod's hosts
-        stop together); one still running then, or at ``timeout``, is a hang: its Python stacks are dumped into its
-        log (SIGABRT with faulthandler on, set by tests/conftest.py) and the error shows every log's tail."""
+        stop together); one still running then, or at ``timeout``, or every process running while none of the logs
+        grew for ``silent_s`` seconds, is a hang: its Python stacks are dumped into its log (SIGABRT with faulthandler
+        on, set by tests/conftest.py) and the error shows every log's tail."""
         deadline = time.time() + timeout
+        sizes, grew_at = self._log_sizes(), time.time()
         while any(proc.poll() is None for proc in self.procs):
             failed = any(proc.poll() not in (None, 0) for proc in self.procs)
             if failed:
                 deadline = min(deadline, time.time() + grace)
-            if time.time() > deadline:
+            if self._log_sizes() != sizes:
+                sizes, grew_at = self._log_sizes(), time.time()
+            silent = silent_s is not None and not failed and time.time() - grew_at > silent_s
+            if time.time() > deadline or silent:
                 self._dump_stacks()
                 self.kill()
                 why = "a process failed and another did not end" if failed else f"not done after {timeout:.0f} s"
+                why = f"no log grew for {silent_s:.0f} s" if silent else why
                 raise PodHung(f"pod of {len(self.procs)} processes: {why}\n{self.describe()}", all_running=not failed)
             time.sleep(0.5)
         return [proc.poll() for proc in self.procs]
+
+    def _log_sizes(self) -> list[int]:
+        return [log.stat().st_size if log.exists() else 0 for log in self.logs]
 
     def _dump_stacks(self) -> None:
         running = [proc for proc in self.procs if proc.poll() is None]
@@ -133,15 +142,22 @@ def reference_outputs(workdir: Path, run_id: str) -> list[Path]:
     return [workdir / "checkpoints" / run_id, workdir / "runs" / run_id, workdir / "runs" / f"{run_id}.log"]
 
 
+#: A reference pod whose logs stay still this long while all its processes run is hung. Its longest healthy silence is
+#: one program's compile: at most 30 s under the suite's load (the compile times in the session's cache).
+REFERENCE_SILENCE_S = 180
+
+
 def run_pod(config_path: Path, *extra: str, timeout: float = 600, retry_from_scratch: Sequence[Path] = (),
             **kwargs) -> PodRun:
     """Starts a pod and waits for it. ``retry_from_scratch``: for a reference run, the paths it writes; a pod whose
-    processes all still run at ``timeout`` (a hang, not a failure) has its stacks kept in its logs, those paths
-    removed, and is run once more, saying so. On XLA:CPU with gloo a 2-process pod has hung inside its first eval,
-    both hosts waiting on the eval program's result (docs/reliability.md, known limits); a hang again fails."""
+    processes all still run at ``timeout``, or whose logs stay still for :data:`REFERENCE_SILENCE_S` (a hang, not a
+    failure), has its stacks kept in its logs, those paths removed, and is run once more, saying so. On XLA:CPU with
+    gloo a 2-process pod has hung inside its first eval, both hosts waiting on the eval program's result
+    (docs/reliability.md, known limits); a hang again fails."""
+    silent_s = REFERENCE_SILENCE_S if retry_from_scratch else None
     pod = start_pod(config_path, *extra, **kwargs)
     try:
-        pod.wait(timeout)
+        pod.wait(timeout, silent_s=silent_s)
     except PodHung as hung:
         if not retry_from_scratch or not hung.all_running:
             raise
@@ -150,7 +166,7 @@ def run_pod(config_path: Path, *extra: str, timeout: float = 600, retry_from_scr
         for path in retry_from_scratch:
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
         pod = start_pod(config_path, *extra, **kwargs)
-        pod.wait(timeout)
+        pod.wait(timeout, silent_s=silent_s)
     return pod
 
 

@@ -4,19 +4,21 @@
 slow tests. At the end of a session this plugin prints every test that took over :data:`OVER` times its budget and
 every slow test (marked ``slow``, or over :data:`UNBUDGETED_S`) that has no budget, so a slow new test is seen the day it
 lands. It is a report, not a failure: times on a shared 2-core machine are noisy. Each session's durations are written
-to ``.cache/test-durations.json``; ``python scripts/test_budget.py`` turns that file into a new budget.
+to ``.cache/test-durations.json`` (``LEVANTER_MARS_TEST_DURATIONS`` names another file: .ci/newest and .ci/marin keep
+theirs apart from the main suite's); ``python scripts/test_budget.py`` turns that file into a new budget.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 BUDGET = REPO / "tests" / "durations_budget.json"
-DURATIONS = REPO / ".cache" / "test-durations.json"
+DURATIONS = REPO / os.environ.get("LEVANTER_MARS_TEST_DURATIONS", ".cache/test-durations.json")
 OVER = 1.5
 UNBUDGETED_S = 10.0
 
@@ -63,4 +65,4 @@ def pytest_terminal_summary(terminalreporter):
     DURATIONS.parent.mkdir(exist_ok=True)
     DURATIONS.write_text(json.dumps({"wall_seconds": round(time.time() - _started, 1), "slow": sorted(_slow & set(_seconds)),
                                      "seconds": {t: round(s, 2) for t, s in sorted(_seconds.items())}}, indent=1))
-    write(f"durations of this session: {DURATIONS.relative_to(REPO)}")
+    write(f"durations of this session: {DURATIONS}")

@@ -73,8 +73,9 @@ class PodRun:
             failed = any(proc.poll() not in (None, 0) for proc in self.procs)
             if failed:
                 deadline = min(deadline, time.time() + grace)
-            if self._log_sizes() != sizes:
-                sizes, grew_at = self._log_sizes(), time.time()
+            now = self._log_sizes()
+            if now != sizes:
+                sizes, grew_at = now, time.time()
             silent = silent_s is not None and not failed and time.time() - grew_at > silent_s
             if time.time() > deadline or silent:
                 self._dump_stacks()

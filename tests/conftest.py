@@ -211,7 +211,7 @@ def pod_reference(tmp_path_factory, pydocs_corpus):
     def make(workdir):
         config = include_suite(tiny_config(workdir, pydocs_corpus, "pod-approx"))
         pod = run_pod(config, log_dir=workdir / "logs", name="pod-approx",
-                      retry_from_scratch=reference_outputs(workdir, "pod-approx"))
+                      retry_restoring=reference_outputs(workdir, "pod-approx"))
         assert [p.returncode for p in pod.procs] == [0, 0], pod.describe()
         return config, pod, run_paths(workdir, "pod-approx")
 

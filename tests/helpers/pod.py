@@ -6,16 +6,18 @@ checkpoint directory, as a pod's hosts share a bucket.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from tests.helpers import zygote
 from tests.helpers.training import REPO, _env, cli_arguments
@@ -143,32 +145,51 @@ def reference_outputs(workdir: Path, run_id: str) -> list[Path]:
     return [workdir / "checkpoints" / run_id, workdir / "runs" / run_id, workdir / "runs" / f"{run_id}.log"]
 
 
-#: A reference pod whose logs stay still this long while all its processes run is hung. Its longest healthy silence is
-#: one program's compile: at most 30 s under the suite's load (the compile times in the session's cache).
-REFERENCE_SILENCE_S = 180
+#: A pod whose logs stay still this long while all its processes run is hung. Its longest healthy silence is one
+#: program's compile: at most 30 s under the suite's load (the compile times in the session's cache).
+HUNG_AFTER_SILENCE_S = 180
 
 
-def run_pod(config_path: Path, *extra: str, timeout: float = 600, retry_from_scratch: Sequence[Path] = (),
+def run_pod(config_path: Path, *extra: str, timeout: float = 600, retry_restoring: Sequence[Path] = (),
             **kwargs) -> PodRun:
-    """Starts a pod and waits for it. ``retry_from_scratch``: for a reference run, the paths it writes; a pod whose
-    processes all still run at ``timeout``, or whose logs stay still for :data:`REFERENCE_SILENCE_S` (a hang, not a
-    failure), has its stacks kept in its logs, those paths removed, and is run once more, saying so. On XLA:CPU with
-    gloo a 2-process pod has hung inside its first eval, both hosts waiting on the eval program's result
-    (docs/reliability.md, known limits); a hang again fails."""
-    silent_s = REFERENCE_SILENCE_S if retry_from_scratch else None
-    pod = start_pod(config_path, *extra, **kwargs)
-    try:
-        pod.wait(timeout, silent_s=silent_s)
-    except PodHung as hung:
-        if not retry_from_scratch or not hung.all_running:
-            raise
-        print(f"run_pod: {config_path.name} hung; its stacks are in {', '.join(map(str, pod.logs))}; "
-              "retrying once from scratch", file=sys.stderr)
-        for path in retry_from_scratch:
-            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    """Starts a pod and waits for it. ``retry_restoring``: the paths the pod writes (its checkpoints, run directory
+    and log). A pod whose processes all still run at ``timeout``, or whose logs stay still for
+    :data:`HUNG_AFTER_SILENCE_S` (a hang, not a failure), has its stacks kept in its logs, those paths put back as they
+    were when it started (removed where they did not exist), and is run once more, saying so. Simulated XLA:CPU pods
+    have hung in their loss evaluation (docs/reliability.md, known limits); a hang again fails."""
+    silent_s = HUNG_AFTER_SILENCE_S if retry_restoring else None
+    with _kept_as_they_are(retry_restoring) as restore:
         pod = start_pod(config_path, *extra, **kwargs)
-        pod.wait(timeout, silent_s=silent_s)
+        try:
+            pod.wait(timeout, silent_s=silent_s)
+        except PodHung as hung:
+            if not retry_restoring or not hung.all_running:
+                raise
+            print(f"run_pod: {config_path.name} hung; its stacks are in {', '.join(map(str, pod.logs))}; "
+                  "retrying once from where it started", file=sys.stderr)
+            restore()
+            pod = start_pod(config_path, *extra, **kwargs)
+            pod.wait(timeout, silent_s=silent_s)
     return pod
+
+
+@contextlib.contextmanager
+def _kept_as_they_are(paths: Sequence[Path]) -> Iterator[Callable[[], None]]:
+    """A copy of ``paths`` as they are now; yields the function that puts them back (removes those absent now)."""
+    with tempfile.TemporaryDirectory(prefix="levanter-mars-pod-start-") as directory:
+        copies = {}
+        for i, path in enumerate(paths):
+            if path.exists():
+                copies[path] = Path(directory, str(i))
+                (shutil.copytree if path.is_dir() else shutil.copy2)(path, copies[path])
+
+        def restore() -> None:
+            for path in paths:
+                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+                if path in copies:
+                    (shutil.copytree if copies[path].is_dir() else shutil.copy2)(copies[path], path)
+
+        yield restore
 
 
 def run_helper_processes(module: str, *, num_processes: int = 1, devices: int = 2, timeout: float = 300) -> list:
@@ -176,7 +197,6 @@ def run_helper_processes(module: str, *, num_processes: int = 1, devices: int = 
     (a helper of several processes joins them with jax.distributed on PORT); each must exit 0 and end its stdout with
     one JSON line, returned in process order."""
     import json
-    import tempfile
 
     env = _env({"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
                 "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])})

@@ -125,9 +125,10 @@ def test_local_pod_of_two_hosts_survives_a_killed_process_and_resumes_bitwise(wo
     the private cluster, its client-server proxy included, is left behind. (A lost Ray worker, a preemption, is
     retried on its own budget: tests/test_infra_gcloud.py checks the counting.)
 
-    The run has a compilation cache of its own (not the session's): the retry loads its programs instead of compiling
-    them, and the goodput record (process 0's, completed by the retry for the attempt that died) shows both attempts.
-    On 4cb100e no run had a cache and there was no record."""
+    The config names a compilation cache, which an XLA:CPU pod turns off (programs loaded from it have deadlocked
+    simulated pods, docs/reliability.md): both attempts compile every program and store none; a retry loading its
+    programs is held by tests/test_gcs.py (one process). The goodput record (process 0's, completed by the retry for
+    the attempt that died) shows both attempts. On 4cb100e there was no record."""
     run_id = "pod-killed"
     tracker = {"type": "wandb", "mode": "offline", "project": "pod-workflow"}
     cache = workdir / "pod-killed-compile-cache"
@@ -196,10 +197,10 @@ def test_local_pod_of_two_hosts_survives_a_killed_process_and_resumes_bitwise(wo
     assert not os.path.exists(temp_dir)
     assert not [p.pid for p in psutil.process_iter(["cmdline"]) if any(temp_dir in a for a in p.info["cmdline"] or ())]
     assert not proxies, f"the private cluster's client-server proxy outlived it: {proxies}"
-    _assert_the_retry_loaded_its_programs_and_the_record_has_both_attempts(workdir / "runs" / run_id, cache)
+    _assert_the_cache_was_off_and_the_record_has_both_attempts(workdir / "runs" / run_id, cache)
 
 
-def _assert_the_retry_loaded_its_programs_and_the_record_has_both_attempts(run_dir, cache):
+def _assert_the_cache_was_off_and_the_record_has_both_attempts(run_dir, cache):
     from levanter_mars.training.run.goodput import read_record
 
     record = read_record(run_dir / "goodput.json")
@@ -208,12 +209,11 @@ def _assert_the_retry_loaded_its_programs_and_the_record_has_both_attempts(run_d
     assert first["launch_id"] == retry["launch_id"] and (first["attempt"], retry["attempt"]) == (1, 2)
     assert retry["exit_code"] == 0 and retry["first_step"] == 11 and retry["last_step"] == 29
     assert first["last_step"] >= 14 and first["seconds"]["lost"] > 0, "the steps after step 10 were trained twice"
-    # (A program compiled twice in one process is a hit the second time, the first attempt's hits included.)
-    assert first["compile_cache"]["stored"] > retry["compile_cache"]["stored"]
-    assert retry["compile_cache"]["hits"] > first["compile_cache"]["hits"]
+    for attempt in (first, retry):
+        assert attempt["compile_cache"]["hits"] == attempt["compile_cache"].get("stored", 0) == 0, attempt
     # Times are measured, not asserted (a retry still traces and lowers every program): the record shows them.
     assert 0 < record["goodput"] < 1
-    assert list(cache.glob("jit__train_step-*")), "the cache is where the config says"
+    assert not list(cache.glob("jit_*")), "nothing was written to the cache the config names"
     assert (run_dir / "goodput.png").exists()
 
 

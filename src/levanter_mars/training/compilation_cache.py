@@ -60,6 +60,18 @@ def _absolute(path: str) -> str:
     return path if "://" in path else os.path.abspath(os.path.expanduser(path))
 
 
+def loads_can_deadlock() -> bool:
+    """True on a pod of XLA:CPU hosts (gloo collectives). There, a program loaded from the persistent cache (by every
+    host, or by some while others compiled it) has left one host's devices in different collectives at once, each
+    waiting for the others: 1 of 8 and 5 of 20 simulated 2-host pods hung in their loss evaluation, none of 16 that
+    compiled every program (scripts/cpu_pod_eval_hang.py, jax 0.10.2). Never seen on TPU, where the cache stays on."""
+    import jax
+
+    from levanter_mars.training import distributed
+
+    return distributed.is_multiprocess() and jax.default_backend() == "cpu"
+
+
 def enable(trainer_config) -> CacheChoice:
     """Points JAX at the run's cache (every host, before the run's programs compile) and reports each program's hit
     or miss once."""
@@ -69,8 +81,14 @@ def enable(trainer_config) -> CacheChoice:
     from levanter_mars.compat import jax_compilation
 
     choice = resolve(trainer_config)
+    if choice.path is not None and loads_can_deadlock():
+        logger.warning("Compilation cache: off on this XLA:CPU pod (%s would be %s): programs loaded from it have "
+                       "deadlocked simulated pods in their collectives (docs/reliability.md, known limits)",
+                       choice.source, choice.path)
+        choice = CacheChoice(None, f"{choice.source}, turned off: an XLA:CPU pod")
     if choice.path is None:
         jax.config.update("jax_enable_compilation_cache", False)
+        compilation_cache.reset_cache()  # JAX decides once whether to use its cache: a probe may have asked already
         logger.info("Compilation cache: off (%s: %s)", choice.source, OFF)
         return choice
     jax_compilation.log_cache_use_once_per_program()

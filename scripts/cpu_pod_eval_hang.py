@@ -47,7 +47,6 @@ def main(argv=None) -> int:
     from tests.helpers.training import tiny_config
 
     args.out.mkdir(parents=True, exist_ok=True)
-    corpus = args.out / "corpus"
     rounds = []
     for r in range(args.rounds):
         started = time.time()
@@ -55,7 +54,8 @@ def main(argv=None) -> int:
         for k in range(args.pods):
             workdir = args.out / f"round-{r}" / f"pod-{k}"
             workdir.mkdir(parents=True, exist_ok=True)
-            config = tiny_config(workdir, corpus, f"pod-{r}-{k}", EVERY_STEP)
+            # A corpus per pod: pods that start together would build one token cache at once and fail.
+            config = tiny_config(workdir, workdir / "corpus", f"pod-{r}-{k}", EVERY_STEP)
             pods.append((workdir, start_pod(config, log_dir=workdir / "logs", name=f"pod-{k}",
                                             prelude=CACHE_ON if args.cache else "")))
         hung = _watch(pods, args.silence)

@@ -63,8 +63,9 @@ def _absolute(path: str) -> str:
 def loads_can_deadlock() -> bool:
     """True on a pod of XLA:CPU hosts (gloo collectives). There, a program loaded from the persistent cache (by every
     host, or by some while others compiled it) has left one host's devices in different collectives at once, each
-    waiting for the others: 1 of 8 and 5 of 20 simulated 2-host pods hung in their loss evaluation, none of 16 that
-    compiled every program (scripts/cpu_pod_eval_hang.py, jax 0.10.2). Never seen on TPU, where the cache stays on."""
+    waiting for the others: 6 of 12 simulated 2-host pods hung in their loss evaluation, none of 16 that compiled
+    every program (scripts/cpu_pod_eval_hang.py, docs/benchmarks/cpu_pod_eval_hang_*.json, jax 0.10.2). Never seen on
+    TPU, where the cache stays on."""
     import jax
 
     from levanter_mars.training import distributed

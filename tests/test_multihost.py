@@ -123,7 +123,8 @@ def test_a_killed_host_ends_the_pod_and_a_torn_checkpoint_is_skipped_on_resume(p
     assert newest.name == "step-20", newest
     (newest / "metadata.json").unlink(missing_ok=True)  # missing if the kill came before its commit
 
-    rerun = _completed_pod(config, workdir, "pod-kill-rerun", retry_restoring=reference_outputs(workdir, "pod-kill"))
+    written = [*reference_outputs(workdir, "pod-kill"), paths["checkpoints"].parent / "pod-kill.quarantine"]
+    rerun = _completed_pod(config, workdir, "pod-kill-rerun", retry_restoring=written)
     quarantined = list((paths["checkpoints"].parent / "pod-kill.quarantine").iterdir())
     assert [q.name.split(".")[0] for q in quarantined] == ["step-20"]
     for i in range(2):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -46,6 +47,8 @@ def main(argv=None) -> int:
     from tests.helpers.pod import start_pod
     from tests.helpers.training import tiny_config
 
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)  # with --cache, each pod's own cache beside its checkpoints
     args.out.mkdir(parents=True, exist_ok=True)
     rounds = []
     for r in range(args.rounds):

@@ -9,7 +9,8 @@ Where it lives (``trainer.compilation_cache``), first that applies:
 3. the default, beside the run's checkpoints: ``<trainer.checkpointer.base_path>/compile-cache``, so that a pod's
    retries (on fresh VMs) find it in the bucket where they find the checkpoints.
 
-Every host sets it before the run's programs compile (only validation's probes compile before: too small to cache);
+Every host sets it before the run's programs compile (before it, only a pod's start-up barrier compiles: on XLA:CPU
+pods the cache is already off then, :func:`loads_can_deadlock`);
 JAX itself reads and writes it, and only process 0 writes (``jax._src.compiler._cache_write``). Programs that compile
 in less than ``jax_persistent_cache_min_compile_time_secs`` (1 s unless ``$JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS``
 says otherwise) are not stored: reading one back would cost about as much. Each program's hit or miss is logged once;
@@ -73,6 +74,15 @@ def loads_can_deadlock() -> bool:
     return distributed.is_multiprocess() and jax.default_backend() == "cpu"
 
 
+def turn_off() -> None:
+    """No program is read from or written to JAX's persistent cache from now on."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()  # JAX decides once whether to use its cache: an earlier program may have asked
+
+
 def enable(trainer_config) -> CacheChoice:
     """Points JAX at the run's cache (every host, before the run's programs compile) and reports each program's hit
     or miss once."""
@@ -88,8 +98,7 @@ def enable(trainer_config) -> CacheChoice:
                        choice.source, choice.path)
         choice = CacheChoice(None, f"{choice.source}, turned off: an XLA:CPU pod")
     if choice.path is None:
-        jax.config.update("jax_enable_compilation_cache", False)
-        compilation_cache.reset_cache()  # JAX decides once whether to use its cache: a probe may have asked already
+        turn_off()
         logger.info("Compilation cache: off (%s: %s)", choice.source, OFF)
         return choice
     jax_compilation.log_cache_use_once_per_program()

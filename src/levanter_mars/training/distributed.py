@@ -40,6 +40,11 @@ def start(trainer_config) -> None:
     if is_multiprocess():
         from jax.experimental import multihost_utils
 
+        from levanter_mars.training import compilation_cache
+
+        if compilation_cache.loads_can_deadlock():
+            compilation_cache.turn_off()  # before the first collective program (below): see loads_can_deadlock
+
         # The first collective over all devices sets up their communicator, and on CPU (gloo) every host must reach
         # it within 30 s of the others. Here they all just left jax.distributed's start-up barrier; the first
         # training step comes after a compilation whose length differs from host to host.

@@ -80,7 +80,7 @@ def main(argv=None) -> int:
 
 def _watch(pods, silence_s: float) -> list[int]:
     """Waits for every pod; returns the indices of those that hung (stacks saved, processes killed)."""
-    sizes: dict[int, tuple] = {}
+    sizes: dict[int, list[int]] = {}
     grew_at: dict[int, float] = {}
     hung = []
     while any(proc.poll() is None for _, pod in pods for proc in pod.procs):
@@ -88,7 +88,7 @@ def _watch(pods, silence_s: float) -> list[int]:
         for i, (workdir, pod) in enumerate(pods):
             if i in hung or all(proc.poll() is not None for proc in pod.procs):
                 continue
-            now = tuple(log.stat().st_size for log in pod.logs)
+            now = pod.log_sizes()
             if sizes.get(i) != now:
                 sizes[i], grew_at[i] = now, time.time()
             elif time.time() - grew_at[i] > silence_s:

@@ -70,12 +70,12 @@ class PodRun:
         grew for ``silent_s`` seconds, is a hang: its Python stacks are dumped into its log (SIGABRT with faulthandler
         on, set by tests/conftest.py) and the error shows every log's tail."""
         deadline = time.time() + timeout
-        sizes, grew_at = self._log_sizes(), time.time()
+        sizes, grew_at = self.log_sizes(), time.time()
         while any(proc.poll() is None for proc in self.procs):
             failed = any(proc.poll() not in (None, 0) for proc in self.procs)
             if failed:
                 deadline = min(deadline, time.time() + grace)
-            now = self._log_sizes()
+            now = self.log_sizes()
             if now != sizes:
                 sizes, grew_at = now, time.time()
             silent = silent_s is not None and not failed and time.time() - grew_at > silent_s
@@ -88,7 +88,7 @@ class PodRun:
             time.sleep(0.5)
         return [proc.poll() for proc in self.procs]
 
-    def _log_sizes(self) -> list[int]:
+    def log_sizes(self) -> list[int]:
         return [log.stat().st_size if log.exists() else 0 for log in self.logs]
 
     def _dump_stacks(self) -> None:
@@ -181,15 +181,19 @@ def _kept_as_they_are(paths: Sequence[Path]) -> Iterator[Callable[[], None]]:
         for i, path in enumerate(paths):
             if path.exists():
                 copies[path] = Path(directory, str(i))
-                (shutil.copytree if path.is_dir() else shutil.copy2)(path, copies[path])
+                _copy(path, copies[path])
 
         def restore() -> None:
             for path in paths:
                 shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
                 if path in copies:
-                    (shutil.copytree if copies[path].is_dir() else shutil.copy2)(copies[path], path)
+                    _copy(copies[path], path)
 
         yield restore
+
+
+def _copy(source: Path, destination: Path) -> None:
+    (shutil.copytree if source.is_dir() else shutil.copy2)(source, destination)
 
 
 def run_helper_processes(module: str, *, num_processes: int = 1, devices: int = 2, timeout: float = 300) -> list:

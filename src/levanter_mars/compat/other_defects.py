@@ -1,0 +1,61 @@
+"""The compat index's rows for every pinned dependency but Levanter: jax, Haliax, Ray, W&B, datasets, Python."""
+
+from __future__ import annotations
+
+from levanter_mars.compat.defect import COMPAT_TESTS, Defect
+
+DEFECTS: tuple[Defect, ...] = (
+    Defect(
+        16,
+        "datasets==4.8.5",
+        "every load of a packaged builder sends a HEAD request to s3.amazonaws.com unless HF_HUB_OFFLINE is set",
+        "compat.lm_eval_harness.no_datasets_download_counts",
+        COMPAT_TESTS + "test_defect_16_datasets_reports_each_packaged_builder_load_to_s3",
+    ),
+    Defect(
+        17,
+        "wandb==0.31.0",
+        "wandb-core reaches for its API host (api.forge.coreweave.com) at shutdown when offline mode comes only from"
+        " wandb.init(mode=...)",
+        "compat.tracking.wandb_offline_unless_configured",
+        "tests/test_compat_wandb_offline.py::test_defect_17_offline_by_init_alone_reaches_for_the_api_host",
+    ),
+    Defect(
+        19,
+        "python==3.11",
+        "argparse's error prints the whole usage (240 lines of fields) before the line that matters",
+        "compat.cli.argparse_errors_raise",
+        COMPAT_TESTS + "test_defect_19_argparse_prints_its_whole_usage_and_exits_and_the_workaround_raises",
+    ),
+    Defect(
+        23,
+        "ray==2.60.0",
+        "ray start --address refuses to add a node while RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, the one setting that "
+        "keeps every listener on 127.0.0.1",
+        "compat.ray_local_nodes",
+        "tests/test_infra_local_ray.py::test_defect_23_ray_start_refuses_to_add_a_node_whose_listeners_stay_on_loopback",
+    ),
+    Defect(
+        24,
+        "haliax==1.4.dev453",
+        "haliax calls jax.core.is_constant_dim, which jax 0.11 removed (benchmarks' GPU image only)",
+        "compat.newer_jax.restore_jax_names_haliax_uses",
+        COMPAT_TESTS + "test_defect_24_haliax_calls_a_jax_name_newer_jax_removed_and_the_workaround_restores_it",
+    ),
+    Defect(
+        26,
+        "ray==2.60.0",
+        "the job config reaches the driver through an environment variable named only privately",
+        "compat.ray_jobs.RAY_JOB_CONFIG_JSON_ENV_VAR",
+        COMPAT_TESTS + "test_defect_26_ray_names_the_job_config_variable_only_privately",
+    ),
+    Defect(
+        37,
+        "jax==0.10.2",
+        "persistent-cache hits and misses are logged at DEBUG only (WARNING only with flags that also log every "
+        "compilation), and the compilation stages' monitoring events are named in a private module",
+        "compat.jax_compilation",
+        "tests/test_compilation_cache.py::"
+        "test_defect_37_jax_reports_a_cache_hit_only_at_debug_and_the_workaround_logs_it",
+    ),
+)

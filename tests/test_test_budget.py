@@ -1,0 +1,32 @@
+"""scripts/test_budget.py: the budget CI's duration report reads (tests/helpers/durations.py)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("test_budget", REPO / "scripts" / "test_budget.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_several_sessions_give_each_test_its_median_and_keep_slow_or_long_tests_only(tmp_path):
+    sessions = [
+        {"wall_seconds": 1500, "slow": ["t::pod"], "seconds": {"t::pod": 100.0, "t::quick": 0.1, "t::long": 9.0}},
+        {"wall_seconds": 1900, "slow": ["t::pod"], "seconds": {"t::pod": 300.0, "t::quick": 0.2, "t::long": 2.0}},
+        {"wall_seconds": 1600, "slow": ["t::new"], "seconds": {"t::pod": 120.0, "t::new": 1.0, "t::long": 4.0}},
+    ]
+    paths = []
+    for i, session in enumerate(sessions):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps(session))
+    output = tmp_path / "budget.json"
+    assert _script().main(["--durations", *map(str, paths), "--output", str(output)]) == 0
+    budget = json.loads(output.read_text())
+    # Medians: pod of 100/300/120, long of 9/2/4 (over 3 s, not slow); new is slow in the one session that ran it.
+    assert budget["seconds"] == {"t::long": 4.0, "t::new": 1.0, "t::pod": 120.0}
+    assert budget["made_from"]["sessions"] == 3 and budget["made_from"]["wall_seconds"] == [1500, 1900, 1600]

@@ -1,4 +1,4 @@
-"""Defect 17 (src/levanter_mars/compat/__init__.py): wandb-core reaches for its API host at the end of a run whose
+"""Defect 17 (src/levanter_mars/compat/other_defects.py): wandb-core reaches for its API host at the end of a run whose
 offline mode comes only from ``wandb.init(mode="offline")``; ``compat.tracking.wandb_offline_unless_configured``
 puts ``WANDB_MODE`` in the environment, and then it does not.
 

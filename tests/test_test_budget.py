@@ -14,9 +14,10 @@ def _script():
     return module
 
 
-def test_several_sessions_give_each_test_its_median_and_keep_slow_or_long_tests_only(tmp_path):
+def test_several_sessions_give_each_test_of_the_last_its_median_and_keep_slow_or_long_tests_only(tmp_path):
     sessions = [
-        {"wall_seconds": 1500, "slow": ["t::pod"], "seconds": {"t::pod": 100.0, "t::quick": 0.1, "t::long": 9.0}},
+        {"wall_seconds": 1500, "slow": ["t::pod", "t::gone"],
+         "seconds": {"t::pod": 100.0, "t::quick": 0.1, "t::long": 9.0, "t::gone": 50.0}},
         {"wall_seconds": 1900, "slow": ["t::pod"], "seconds": {"t::pod": 300.0, "t::quick": 0.2, "t::long": 2.0}},
         {"wall_seconds": 1600, "slow": ["t::new"], "seconds": {"t::pod": 120.0, "t::new": 1.0, "t::long": 4.0}},
     ]
@@ -25,8 +26,10 @@ def test_several_sessions_give_each_test_its_median_and_keep_slow_or_long_tests_
         paths.append(tmp_path / f"{i}.json")
         paths[-1].write_text(json.dumps(session))
     output = tmp_path / "budget.json"
-    assert _script().main(["--durations", *map(str, paths), "--output", str(output)]) == 0
+    assert _script().main(["--durations", *map(str, paths), "--output", str(output), "--note", "three runs"]) == 0
     budget = json.loads(output.read_text())
-    # Medians: pod of 100/300/120, long of 9/2/4 (over 3 s, not slow); new is slow in the one session that ran it.
+    # Medians: pod of 100/300/120, long of 9/2/4 (over 3 s, not slow); new is slow in the one session that ran it;
+    # gone, renamed or removed after the first session, is not budgeted.
     assert budget["seconds"] == {"t::long": 4.0, "t::new": 1.0, "t::pod": 120.0}
     assert budget["made_from"]["sessions"] == 3 and budget["made_from"]["wall_seconds"] == [1500, 1900, 1600]
+    assert budget["made_from"]["note"] == "three runs"

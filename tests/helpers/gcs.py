@@ -117,6 +117,10 @@ class _Server(server.HTTPServer):
     request_queue_size = 256  # tensorstore opens many connections at once; the emulator serves them one by one
 
 
+# The override below names a private method: were it renamed, the override would do nothing, silently.
+assert hasattr(Storage, "_write_config_to_file"), "gcp-storage-emulator no longer has Storage._write_config_to_file"
+
+
 class _MemoryStorage(Storage):
     """The emulator's in-memory storage without its metadata file (the module docstring's cost)."""
 

@@ -15,8 +15,8 @@ In scope:
   from them): its ``compiler`` and ``command``.
 
 A record is stale when its jax or libtpu differs from the lock's or is not recorded, and incomplete when it names no
-command. Exit 0 when there is neither, 1 otherwise. CI (tests/test_stale_tpu_figures.py) holds the benchmark records
-to it; the pre-flight records of docs/pods/ are not all remade on the current lock yet (docs/pods.md says so).
+command. Exit 0 when there is neither, 1 otherwise. CI (tests/test_stale_tpu_figures.py) holds every record in scope
+to it.
 
     python scripts/stale_tpu_figures.py [--constraints constraints.txt] [--json]
 """

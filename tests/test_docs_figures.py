@@ -163,8 +163,9 @@ def test_the_benchmark_tables_are_checked():
 
 
 def test_pods_tables_and_config_preflight_lines_are_generated_from_the_pods_jsons():
-    """docs/pods.md's sizing and topology tables and every GPT-2 config's pre-flight comment lines are what
-    scripts/size_pods.py makes from docs/pods/*.json today (a hand edit or a new JSON without ``table`` fails)."""
+    """docs/pods.md's sizing and topology tables, its exact-MARS note and every GPT-2 config's pre-flight comment lines
+    are what scripts/size_pods.py makes from docs/pods/*.json today (a hand edit or a new JSON without ``table``
+    fails)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("size_pods", REPO / "scripts" / "size_pods.py")
@@ -173,6 +174,12 @@ def test_pods_tables_and_config_preflight_lines_are_generated_from_the_pods_json
     doc = (REPO / "docs" / "pods.md").read_text()
     assert size_pods.table() in doc
     assert size_pods.topology_table() in doc
+    assert size_pods.exact_note() in doc
+    # The note's claim, on its figures: one microbatch holds both gradients' activations, two serialize them.
+    single, double, single_at_60 = size_pods.exact_figures()
+    assert single["microbatches"] == single_at_60["microbatches"] == 1 and double["microbatches"] == 2
+    assert single["exact"] > 1.3 * single["mars"] and single_at_60["exact"] > 1.3 * single_at_60["mars"]
+    assert abs(double["exact"] - double["mars"]) < 0.05 * double["mars"]
     for config in size_pods.configs():
         lines = (REPO / config).read_text().splitlines()
         ours = [line for line in lines if line.startswith((size_pods.HEADER, size_pods.SMALLER_HEADER))]

@@ -133,7 +133,7 @@ def test_the_compiler_states_the_usable_hbm_when_probed(tpu_type, usable_gib):
 
 
 def test_every_pods_record_is_judged_against_its_usable_hbm():
-    """docs/pods/*.json (scripts/size_pods.py): each says one thing, whichever pre-flight or migration wrote it."""
+    """docs/pods/*.json (scripts/size_pods.py): each says one thing."""
     records = sorted((REPO / "docs" / "pods").glob("*.json"))
     assert records
     for path in records:

@@ -33,3 +33,12 @@ def test_several_sessions_give_each_test_of_the_last_its_median_and_keep_slow_or
     assert budget["seconds"] == {"t::long": 4.0, "t::new": 1.0, "t::pod": 120.0}
     assert budget["made_from"]["sessions"] == 3 and budget["made_from"]["wall_seconds"] == [1500, 1900, 1600]
     assert budget["made_from"]["note"] == "three runs"
+
+
+def test_the_report_names_a_test_over_its_budget_by_the_ratio_and_by_seconds():
+    from tests.helpers.durations import over_budget
+
+    budget = {"t::pod": 100.0, "t::quick": 0.3, "t::steady": 20.0}
+    seconds = {"t::pod": 160.0, "t::quick": 0.9, "t::steady": 29.0, "t::new": 50.0}
+    # quick is 3x its budget but 0.6 s over (noise); steady 9 s over but 1.45x.
+    assert over_budget(seconds, budget) == [("t::pod", 160.0, 100.0)]

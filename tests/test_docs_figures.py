@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.scripts import load_script
+
 REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS = REPO / "docs" / "benchmarks"
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -166,11 +168,7 @@ def test_pods_tables_and_config_preflight_lines_are_generated_from_the_pods_json
     """docs/pods.md's sizing and topology tables, its exact-MARS note and every GPT-2 config's pre-flight comment lines
     are what scripts/size_pods.py makes from docs/pods/*.json today (a hand edit or a new JSON without ``table``
     fails)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("size_pods", REPO / "scripts" / "size_pods.py")
-    size_pods = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(size_pods)
+    size_pods = load_script("size_pods")
     doc = (REPO / "docs" / "pods.md").read_text()
     assert size_pods.table() in doc
     assert size_pods.topology_table() in doc

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 
 import pytest
 
+from tests.helpers.scripts import load_script
 from tests.helpers.training import REPO
 
 RECORD = REPO / "docs" / "benchmarks" / "family_matrix.json"
@@ -16,10 +16,7 @@ RECORD = REPO / "docs" / "benchmarks" / "family_matrix.json"
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("family_matrix", REPO / "scripts" / "family_matrix.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("family_matrix")
 
 
 @pytest.fixture(scope="module")

@@ -4,20 +4,16 @@ reader."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
+
+from tests.helpers.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("stale_tpu_figures", REPO / "scripts" / "stale_tpu_figures.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass resolves its annotations through it
-    spec.loader.exec_module(module)
-    return module
+    return load_script("stale_tpu_figures")
 
 
 def test_every_tpu_figure_record_was_made_by_the_locks_compiler_and_names_its_command():

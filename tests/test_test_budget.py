@@ -1,17 +1,8 @@
 """scripts/test_budget.py: the budget CI's duration report reads (tests/helpers/durations.py)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("test_budget", REPO / "scripts" / "test_budget.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.helpers.scripts import load_script
 
 
 def test_several_sessions_give_each_test_of_the_last_its_median_and_keep_slow_or_long_tests_only(tmp_path):
@@ -26,7 +17,8 @@ def test_several_sessions_give_each_test_of_the_last_its_median_and_keep_slow_or
         paths.append(tmp_path / f"{i}.json")
         paths[-1].write_text(json.dumps(session))
     output = tmp_path / "budget.json"
-    assert _script().main(["--durations", *map(str, paths), "--output", str(output), "--note", "three runs"]) == 0
+    arguments = ["--durations", *map(str, paths), "--output", str(output), "--note", "three runs"]
+    assert load_script("test_budget").main(arguments) == 0
     budget = json.loads(output.read_text())
     # Medians: pod of 100/300/120, long of 9/2/4 (over 3 s, not slow); new is slow in the one session that ran it;
     # gone, renamed or removed after the first session, is not budgeted.

@@ -258,9 +258,9 @@ def exact_note() -> str:
         f"on {f['slice']}, {f['microbatches']} microbatch{'es' if f['microbatches'] > 1 else ''} of {f['pdp']} "
         f"sequences per chip: {gib(f['exact'])} against {gib(f['mars'])}" for f in exact_figures()
     )
-    return ("Exact MARS without microbatching holds the activations of both gradients (at the new and at the previous\n"
-            "parameters) at once; with microbatching the scan serializes them. GPT-2 small, GiB per chip, exact MARS "
-            f"against MARS:\n{cases}.")
+    return ("Exact MARS without microbatching holds the activations of both gradients (at the new and at the "
+            "previous\nparameters) at once; with microbatching the scan serializes them. GPT-2 small, GiB per chip, "
+            f"exact MARS against MARS:\n{cases}.")
 
 
 HEADER = "# Pre-flight (TPU compiler, docs/pods.md): "

@@ -41,7 +41,8 @@ def main(argv=None) -> int:
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     record = {
         "about": "Expected seconds (setup + call + teardown) of the suite's slow tests; tests/helpers/durations.py "
-                 "reports tests over 1.5x these and slow tests missing here. Made by scripts/test_budget.py.",
+                 "reports tests over 1.5x these (and 5 s more) and slow tests missing here. "
+                 "Made by scripts/test_budget.py.",
         "made_from": {"commit": commit.stdout.strip(), "sessions": len(sessions), "wall_seconds": walls,
                       "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores", "note": args.note},
         "seconds": dict(sorted(seconds.items())),

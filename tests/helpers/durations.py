@@ -1,11 +1,12 @@
 """Where a test session's time went: a report at the end of every run, against a budget kept in the repository.
 
 ``tests/durations_budget.json`` holds the expected seconds (setup + call + teardown, on CI's 2 cores) of the suite's
-slow tests. At the end of a session this plugin prints every test that took over :data:`OVER` times its budget and
-every slow test (marked ``slow``, or over :data:`UNBUDGETED_S`) that has no budget, so a slow new test is seen the day it
-lands. It is a report, not a failure: times on a shared 2-core machine are noisy. Each session's durations are written
-to ``.cache/test-durations.json`` (``LEVANTER_MARS_TEST_DURATIONS`` names another file: .ci/newest and .ci/marin keep
-theirs apart from the main suite's); ``python scripts/test_budget.py`` turns that file into a new budget.
+slow tests. At the end of a session this plugin prints every test that took over :data:`OVER` times its budget (and
+:data:`OVER_BY_AT_LEAST_S` more) and every slow test (marked ``slow``, or over :data:`UNBUDGETED_S`) that has no
+budget, so a slow new test is seen the day it lands. It is a report, not a failure: times on a shared 2-core machine
+are noisy. Each session's durations are written to ``.cache/test-durations.json`` (``LEVANTER_MARS_TEST_DURATIONS``
+names another file: .ci/newest and .ci/marin keep theirs apart from the main suite's); ``python scripts/test_budget.py``
+turns that file into a new budget.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ def pytest_terminal_summary(terminalreporter):
     write = terminalreporter.write_line
     terminalreporter.section("time against tests/durations_budget.json (a report, not a failure)")
     late = over_budget(_seconds, budget)
-    write(f"{len(late)} tests over {OVER}x their budget and by {OVER_BY_AT_LEAST_S:.0f} s or more" + (":" if late else ""))
+    write(f"{len(late)} tests over {OVER}x their budget and by {OVER_BY_AT_LEAST_S:.0f} s or more"
+          + (":" if late else ""))
     for test, took, expected in late:
         write(f"  {took:7.1f} s (budget {expected:.1f} s)  {test}")
     missing = unbudgeted(_seconds, budget, _slow)

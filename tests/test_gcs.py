@@ -4,12 +4,13 @@ In this process (``gs`` fixture): manifests with the CRC32C of the object metada
 constant number of object operations, provenance records of gs:// sources, the launcher's gs:// config path. Through
 the CLI (module fixtures, shared): a run with checkpoints and token cache on gs:// killed with -9 at a random step and
 rerun, a torn newest checkpoint, the standalone eval of a gs:// checkpoint, and a local pod of 2 processes sharing the
-bucket with one of them killed. Losses are held to the same run on
-local disk (tests/conftest.py: reference_runs).
+bucket with one of them killed and its newest checkpoint then torn. Losses are held to the same run on local disk
+(tests/conftest.py: reference_runs) or the same pod (``pod_reference``).
 """
 
 import json
 import posixpath
+import time
 
 import fsspec
 import gcsfs
@@ -26,7 +27,7 @@ from levanter_mars.training.config import parse_config
 from levanter_mars.training.data.provenance import read_record
 from tests.helpers.evals import LOCAL_TASKS, OFFLINE_SUITE, item_loglikelihoods, run_eval_cli
 from tests.helpers.faults import prelude
-from tests.helpers.pod import run_pod, start_pod
+from tests.helpers.pod import SURVIVOR_DEADLINE_S, run_pod, start_pod
 from tests.helpers.seeds import seeded_random
 from tests.helpers import training as cli
 
@@ -290,31 +291,45 @@ def test_standalone_eval_of_a_gs_checkpoint_equals_the_eval_of_its_local_copy(gs
 
 
 @pytest.mark.slow
-def test_pod_sharing_the_bucket_resumes_after_a_killed_host_like_the_uninterrupted_pod(
-    workdir, pydocs_corpus, gcs, pod_reference
+def test_pod_sharing_the_bucket_survives_a_killed_host_and_a_torn_checkpoint_like_the_uninterrupted_pod(
+    workdir, pydocs_corpus, gs, gcs, pod_reference
 ):
-    """2 processes x 2 devices with their checkpoints in the bucket; one is killed with -9 at a random step after
-    step 10 is committed, then the pod is restarted: both hosts resume from the same gs:// checkpoint (process 0
-    audits and quarantines, in place, whatever the kill tore) and the losses equal the uninterrupted pod's."""
+    """2 processes x 2 devices with their checkpoints in the bucket; one is killed with -9 at a seeded step after
+    step 20 is committed, and the other ends itself within ``SURVIVOR_DEADLINE_S``. Step 20 is then torn as a host
+    dying mid-write leaves it (its metadata.json object gone) and the pod restarted: process 0 quarantines step 20 in
+    the bucket once, both hosts resume from the same gs:// step 10, and the losses equal the uninterrupted pod's bit
+    for bit. (One pod for what were two tests: this one on gs:// and tests/test_multihost.py's kill on local disk,
+    whose local-disk half the Ray launcher's pod test keeps: tests/test_infra_local_ray.py.)"""
     run_id = "gs-pod"
     overrides = {"trainer": {"checkpointer": {"base_path": gcs.gs("pod")}}}
     config = cli.tiny_config(workdir, pydocs_corpus, run_id, overrides)
     paths = cli.run_paths(workdir, run_id)
-    committed = f"gs://{gcs.bucket}/pod/{run_id}/step-10/{MANIFEST_NAME}"
+    checkpoints = gcs.gs("pod", run_id)
     rng = seeded_random(run_id)
-    victim, kill_at = rng.randrange(2), rng.randint(12, 25)
-    # The fault hook SIGKILLs the victim as a seeded step is about to run, once step-10 is committed.
+    victim, kill_at = rng.randrange(2), rng.randint(21, 25)
+    # The fault hook SIGKILLs the victim as a seeded step is about to run, once step-20 is committed.
+    committed = f"{checkpoints}/step-20/{MANIFEST_NAME}"
     kill = prelude("install_kill_at_step", step=kill_at, once_exists=committed, process=victim)
     pod = start_pod(config, log_dir=workdir / "logs", name=run_id, env=gcs.env, prelude=kill)
     try:
         pod.procs[victim].wait(timeout=900)
+        killed_at = time.monotonic()
         assert pod.procs[victim].returncode == -9, pod.describe()
+        code = pod.procs[1 - victim].wait(timeout=SURVIVOR_DEADLINE_S + 30)
+        waited = time.monotonic() - killed_at
     finally:
-        pod.kill()  # the survivor would end itself (tests/test_multihost.py); a pod restart does not wait for it
+        pod.kill()
+    context = f"killed process {victim} at step {kill_at}; the survivor exited {code} after {waited:.1f} s"
+    print(context)
+    assert code != 0 and waited <= SURVIVOR_DEADLINE_S, (context, pod.describe())
+    assert sorted(posixpath.basename(p) for p in gs.ls(_plain(checkpoints))) == ["step-10", "step-20"], context
+    gs.rm(f"{_plain(checkpoints)}/step-20/{METADATA_NAME}")
     rerun = run_pod(config, log_dir=workdir / "logs", name=f"{run_id}-rerun", env=gcs.env)
-    context = f"killed process {victim} at step {kill_at}"
     assert [p.returncode for p in rerun.procs] == [0, 0], (context, rerun.describe())
     for i in range(2):
-        assert f"Resuming from gs://{gcs.bucket}/pod/{run_id}/step-" in rerun.output(i), (context, rerun.describe())
+        assert f"Resuming from {checkpoints}/step-10" in rerun.output(i), (context, rerun.output(i)[-3000:])
+    gs.invalidate_cache()
+    records = [posixpath.basename(p) for p in gs.ls(f"{_plain(checkpoints)}.quarantine")]
+    assert [name.split(".")[0] for name in records] == ["step-20"], (context, records)
     got, reference = cli.losses(paths["metrics"]), cli.losses(pod_reference[2]["metrics"])
     assert got == reference and sorted(got) == list(range(30)), context

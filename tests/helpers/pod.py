@@ -19,8 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
+from levanter_mars.training.distributed import HEARTBEAT_TIMEOUT_S
 from tests.helpers import zygote
 from tests.helpers.training import REPO, _env, cli_arguments
+
+#: A survivor must end itself this soon after a peer's kill -9: 3x the heartbeat timeout it is designed to end by, so a
+#: loaded machine does not fail the test.
+SURVIVOR_DEADLINE_S = 3 * HEARTBEAT_TIMEOUT_S
 
 
 def free_port() -> int:

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from levanter_mars.infra.local_cluster import STATE_FILE, LocalRayCluster
-from levanter_mars.training.distributed import HEARTBEAT_TIMEOUT_S
+from tests.helpers.pod import SURVIVOR_DEADLINE_S
 from tests.helpers.ray_launch import (
     files_containing,
     launched,
@@ -155,8 +155,7 @@ def test_local_pod_of_two_hosts_survives_a_killed_process_and_resumes_bitwise(wo
         survivor, victim = first
         victim.kill()
         killed_at = time.monotonic()
-        deadline_s = 3 * HEARTBEAT_TIMEOUT_S  # 3x the heartbeat timeout the survivor is designed to end by
-        wait_for(lambda: not survivor.is_running(), timeout=deadline_s, what="host 0 to end after host 1 died")
+        wait_for(lambda: not survivor.is_running(), timeout=SURVIVOR_DEADLINE_S, what="host 0 to end after host 1 died")
         survivor_s = time.monotonic() - killed_at
         old_pids = {p.pid for p in first}
         second = wait_for(

@@ -84,18 +84,11 @@ def test_in_training_eval_on_two_processes_equals_a_one_process_eval_of_the_same
     assert pod_result["acc_norm,none"] == single_result["acc_norm,none"]
 
 
-def test_a_complete_pod_run_says_so_and_fresh_sets_it_aside_once(pod_runs, workdir):
+def test_a_complete_pod_run_says_so(pod_runs, workdir):
+    """A finished pod run started again: both processes say it is complete and train nothing. (``fresh=true`` on 2
+    processes, the old run set aside once, is held by the Ray launcher's pod test: tests/test_infra_local_ray.py.)"""
     config, _, paths = pod_runs["exact"]
     again = _completed_pod(config, workdir, "pod-exact-again", retry_restoring=reference_outputs(workdir, "pod-exact"))
     for i in range(2):
         assert "already complete" in again.output(i)
     assert _steps(paths["metrics"]) == list(range(30))
-
-    fresh = run_pod(config, "--fresh", "true", "--trainer.num_train_steps", "2", log_dir=workdir / "logs",
-                    name="pod-exact-fresh", retry_restoring=[workdir / "runs", workdir / "checkpoints"])
-    assert [p.returncode for p in fresh.procs] == [0, 0], fresh.describe()
-    moved_runs = list(paths["run_dir"].parent.glob("pod-exact.old-*"))
-    moved_checkpoints = list(paths["checkpoints"].parent.glob("pod-exact.old-*"))
-    assert len(moved_runs) == 1 and len(moved_checkpoints) == 1
-    assert _steps(moved_runs[0] / "metrics.jsonl") == list(range(30))
-    assert _steps(paths["metrics"]) == [0, 1]

@@ -9,6 +9,10 @@ for _offline_flag in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFF
     os.environ[_offline_flag] = "1"
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+# XLA:CPU programs of the tests compile with LLVM's cheap pipeline (tests/helpers/xla_flags.py says what it changes).
+from tests.helpers import xla_flags  # noqa: E402
+
+xla_flags.set_for_this_process()
 # Training subprocesses share compiled programs (about 40% of a tiny run is compilation), within a session and across
 # sessions on one machine (tests/helpers/compile_cache.py). LEVANTER_MARS_TEST_CACHE=cold starts from an empty cache.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:

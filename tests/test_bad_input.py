@@ -14,6 +14,7 @@ from levanter_mars.training.config import ConfigError
 from levanter_mars.training.trainer import MarsTrainerConfig
 from levanter_mars.training.validation import check_mesh, check_optimizer
 from tests.helpers.training import REPO, run_cli_in_process, run_paths, tiny_config
+from tests.helpers.xla_flags import device_flags
 
 
 @pytest.fixture
@@ -84,7 +85,7 @@ def test_batch_not_divisible_by_data_parallel_size():
 
 
 def test_batch_check_on_eight_simulated_devices(config):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]))
+    env = dict(os.environ, XLA_FLAGS=device_flags(8), PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]))
     proc = subprocess.run(
         [sys.executable, "-m", "levanter_mars.main.train_lm", "--config_path", str(config),
          "--trainer.train_batch_size", "12"],

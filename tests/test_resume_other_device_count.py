@@ -16,6 +16,7 @@ import pytest
 
 from tests.helpers.scenarios import copy_of_run
 from tests.helpers.training import describe_failure, losses, output, run_cli, run_paths, tiny_config
+from tests.helpers.xla_flags import device_flags
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +24,7 @@ RELATIVE = 1e-5
 
 
 def devices(n: int) -> dict[str, str]:
-    return {"XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
+    return {"XLA_FLAGS": device_flags(n)}
 
 
 def resumable_copy(config_path: Path, paths: dict, workdir: Path) -> tuple[Path, dict]:

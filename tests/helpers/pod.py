@@ -22,6 +22,7 @@ from typing import Callable, Iterator, Optional, Sequence
 from levanter_mars.training.distributed import HEARTBEAT_TIMEOUT_S
 from tests.helpers import zygote
 from tests.helpers.training import REPO, _env, cli_arguments
+from tests.helpers.xla_flags import device_flags
 
 #: A survivor must end itself this soon after a peer's kill -9: 3x the heartbeat timeout it is designed to end by, so a
 #: loaded machine does not fail the test.
@@ -134,7 +135,7 @@ def start_pod(
 ) -> PodRun:
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
-    env = _env({**(env or {}), "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"})
+    env = _env({**(env or {}), "XLA_FLAGS": device_flags(devices)})
     procs, logs = [], []
     for i in range(num_processes):
         log = log_dir / f"{name or config_path.stem}.process-{i}.{port}.log"
@@ -207,7 +208,7 @@ def run_helper_processes(module: str, *, num_processes: int = 1, devices: int = 
     one JSON line, returned in process order."""
     import json
 
-    env = _env({"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
+    env = _env({"XLA_FLAGS": device_flags(devices), "JAX_PLATFORMS": "cpu",
                 "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])})
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="levanter-mars-helpers-") as directory:

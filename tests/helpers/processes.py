@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Optional
 
 from tests.helpers import zygote
+from tests.helpers.xla_flags import device_flags
 
 REPO = Path(__file__).resolve().parents[2]
 #: Set in the child process before jax is imported.
-EIGHT_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+EIGHT_DEVICES = {"XLA_FLAGS": device_flags(8), "JAX_PLATFORMS": "cpu"}
 
 
 def _env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:

@@ -209,7 +209,8 @@ def test_levanter_mars_runs_inside_the_benchmark_workaround_only():
 
 def test_baseline_ref_imports_an_earlier_optim_beside_the_current_one():
     """``--baseline-ref``: the optimizers of a git ref are built from their own copy of the package, and the current
-    modules are back in place afterwards."""
+    modules are back in place afterwards; the copy is removed at exit (on 11cf671 every call left a directory in the
+    temp dir)."""
     import subprocess
 
     import levanter_mars.optim as current
@@ -223,5 +224,9 @@ def test_baseline_ref_imports_an_earlier_optim_beside_the_current_one():
     assert sys.modules["levanter_mars.optim"] is current
     state = old.mars(1e-3, max_grad_norm=1.0).init({"w": __import__("jax").numpy.ones((2, 2))})
     assert "ScaleByMarsState" in [type(s).__name__ for s in state]
+    # The copy is removed when the process that imported it exits (its modules may read their sources until then).
+    probe = "from levanter_mars.bench.baseline import load_optim; print(load_optim('HEAD').__file__)"
+    copied = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    assert copied.stdout.strip().endswith("__init__.py") and not Path(copied.stdout.strip()).exists()
     with pytest.raises(SystemExit, match="no-such-ref"):
         load_optim("no-such-ref")

@@ -9,10 +9,12 @@ duration of the import; the optimizers built from it keep their own module globa
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import importlib
 import io
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -76,7 +78,9 @@ def _levanter_choices_kept():
 def load_optim(ref: str) -> ModuleType:
     """``levanter_mars.optim`` as of git ``ref`` (read and imported once per process); the current modules are back in
     place when this returns."""
-    source = Path(tempfile.mkdtemp(prefix=f"levanter-mars-{ref.replace('/', '_')}-")) / "tree"
+    temporary = tempfile.mkdtemp(prefix=f"levanter-mars-{ref.replace('/', '_')}-")
+    atexit.register(shutil.rmtree, temporary, ignore_errors=True)  # its modules stay imported until exit
+    source = Path(temporary) / "tree"
     _extract(ref, source)
     current = {name: module for name, module in sys.modules.items() if _ours(name)}
     for name in current:

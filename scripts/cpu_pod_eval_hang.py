@@ -43,6 +43,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="a directory for the pods' files and the record")
     args = parser.parse_args(argv)
 
+    # The pods compile at XLA's defaults, as the recorded hang rates were measured (tests/helpers/xla_flags.py).
+    os.environ.setdefault("LEVANTER_MARS_TEST_XLA_DEFAULTS", "1")
     from levanter_mars.bench.report import host_description
     from tests.helpers.pod import start_pod
     from tests.helpers.training import tiny_config

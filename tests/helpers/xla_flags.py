@@ -6,7 +6,8 @@ instead of 31-41 (alternating, idle machine). What tests hold stays as it was: t
 TPU compiler's figures (a one-layer GPT-2 small pre-flight on v4-8: every byte of its JSON equal with and without
 these flags). Float rounding is not bitwise the same as at the default level (7 of a tiny run's 34 logged losses
 differ in their last bit), which no test depends on: every comparison is within one session, or within a tolerance.
-Users' programs are compiled at XLA's defaults; so are the benchmarks' timed runs outside the test suite.
+Users' programs are compiled at XLA's defaults; so are the benchmarks' timed runs outside the test suite, and
+scripts/cpu_pod_eval_hang.py's pods (it builds them with tests/helpers/pod.py, at the defaults it measured with).
 ``LEVANTER_MARS_TEST_XLA_DEFAULTS=1`` runs the tests at XLA's defaults too.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import os
 
 CHEAP_CPU_CODEGEN = (
-    () if os.environ.get("LEVANTER_MARS_TEST_XLA_DEFAULTS")
+    () if os.environ.get("LEVANTER_MARS_TEST_XLA_DEFAULTS", "") not in ("", "0")
     else ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
 )
 

@@ -3,8 +3,8 @@
 XLA:CPU spends most of a tiny run's compilation in LLVM. At ``--xla_backend_optimization_level=0`` with LLVM's
 expensive passes off, a cold tiny training run compiled in 7.2-9.0 s instead of 12.0-16.4 s and took 24-29 CPU-s
 instead of 31-41 (alternating, idle machine). What tests hold stays as it was: the HLO (the same passes run), and the
-TPU compiler's figures (a one-layer GPT-2 small pre-flight on v4-8: every byte of its JSON equal with and without
-these flags). Float rounding is not bitwise the same as at the default level (7 of a tiny run's 34 logged losses
+TPU compiler's figures (a one-layer GPT-2 small pre-flight on v4-8: every figure of its JSON equal with and without
+these flags, its timings aside). Float rounding is not bitwise the same as at the default level (7 of a tiny run's 34 logged losses
 differ in their last bit), which no test depends on: every comparison is within one session, or within a tolerance.
 Users' programs are compiled at XLA's defaults; so are the benchmarks' timed runs outside the test suite, and
 scripts/cpu_pod_eval_hang.py's pods (it builds them with tests/helpers/pod.py, at the defaults it measured with).

@@ -34,3 +34,12 @@ def test_the_report_names_a_test_over_its_budget_by_the_ratio_and_by_seconds():
     seconds = {"t::pod": 160.0, "t::quick": 0.9, "t::steady": 29.0, "t::new": 50.0}
     # quick is 3x its budget but 0.6 s over (noise); steady 9 s over but 1.45x.
     assert over_budget(seconds, budget) == [("t::pod", 160.0, 100.0)]
+
+
+def test_each_workers_time_in_tests_and_its_end_are_counted_from_the_first_start():
+    from tests.helpers.durations import busy_seconds
+
+    timeline = [("gw0", 100.0, 130.0, "a"), ("gw1", 101.0, 111.0, "b"), ("gw1", 120.0, 125.0, "c"),
+                ("gw0", 130.0, 131.0, "a")]
+    assert busy_seconds(timeline) == {"gw0": (31.0, 31.0), "gw1": (15.0, 25.0)}
+    assert busy_seconds([]) == {}

@@ -7,6 +7,9 @@ budget, so a slow new test is seen the day it lands. It is a report, not a failu
 are noisy. Each session's durations are written to ``.cache/test-durations.json`` (``LEVANTER_MARS_TEST_DURATIONS``
 names another file: .ci/newest and .ci/marin keep theirs apart from the main suite's); ``python scripts/test_budget.py``
 turns that file into a new budget.
+
+Each test phase's worker, start and end go to the same file (``timeline``, seconds from the session's first test), and
+the report says how long each worker spent in tests and when it ended: a worker idle at the end shows as an early end.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ UNBUDGETED_S = 10.0
 
 _seconds: dict[str, float] = defaultdict(float)
 _slow: set[str] = set()
+_timeline: list[tuple[str, float, float, str]] = []  # (worker, start, stop, test) of each test phase
 _started = time.time()
 
 
@@ -39,6 +43,22 @@ def pytest_runtest_logreport(report):
     _seconds[report.nodeid] += report.duration
     if "slow" in report.keywords:
         _slow.add(report.nodeid)
+    node = getattr(report, "node", None)  # set by pytest-xdist on the controller
+    worker = node.gateway.id if node is not None else "main"
+    if report.start > 0:  # a subtest's report (276 in optax's suite) carries no times
+        _timeline.append((worker, report.start, report.stop, report.nodeid))
+
+
+def busy_seconds(timeline: list[tuple[str, float, float, str]]) -> dict[str, tuple[float, float]]:
+    """Per worker: (seconds in tests, seconds from the session's first test start to the worker's last test end)."""
+    if not timeline:
+        return {}
+    first = min(start for _, start, _, _ in timeline)
+    busy: dict[str, tuple[float, float]] = {}
+    for worker, start, stop, _ in timeline:
+        inside, end = busy.get(worker, (0.0, 0.0))
+        busy[worker] = (inside + stop - start, max(end, stop - first))
+    return dict(sorted(busy.items()))
 
 
 def over_budget(seconds: dict[str, float], budget: dict[str, float]) -> list[tuple[str, float, float]]:
@@ -67,7 +87,13 @@ def pytest_terminal_summary(terminalreporter):
     write(f"{len(missing)} slow tests without a budget" + (":" if missing else ""))
     for test, took in missing:
         write(f"  {took:7.1f} s  {test}")
+    busy = busy_seconds(_timeline)
+    write("workers: " + ", ".join(f"{w} in tests {inside:.0f} s, done at {end:.0f} s" for w, (inside, end) in busy.items()))
     DURATIONS.parent.mkdir(exist_ok=True)
-    DURATIONS.write_text(json.dumps({"wall_seconds": round(time.time() - _started, 1), "slow": sorted(_slow & set(_seconds)),
-                                     "seconds": {t: round(s, 2) for t, s in sorted(_seconds.items())}}, indent=1))
+    first = min((start for _, start, _, _ in _timeline), default=0.0)
+    DURATIONS.write_text(json.dumps({
+        "wall_seconds": round(time.time() - _started, 1), "slow": sorted(_slow & set(_seconds)),
+        "seconds": {t: round(s, 2) for t, s in sorted(_seconds.items())},
+        "timeline": [[w, round(a - first, 2), round(b - first, 2), t] for w, a, b, t in _timeline],
+    }, indent=1))
     write(f"durations of this session: {DURATIONS}")

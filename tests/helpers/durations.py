@@ -49,15 +49,18 @@ def pytest_runtest_logreport(report):
         _timeline.append((worker, report.start, report.stop, report.nodeid))
 
 
+def from_first_start(timeline: list[tuple[str, float, float, str]]) -> list[tuple[str, float, float, str]]:
+    """``timeline`` with its times in seconds from its earliest start."""
+    first = min((start for _, start, _, _ in timeline), default=0.0)
+    return [(worker, start - first, stop - first, test) for worker, start, stop, test in timeline]
+
+
 def busy_seconds(timeline: list[tuple[str, float, float, str]]) -> dict[str, tuple[float, float]]:
     """Per worker: (seconds in tests, seconds from the session's first test start to the worker's last test end)."""
-    if not timeline:
-        return {}
-    first = min(start for _, start, _, _ in timeline)
     busy: dict[str, tuple[float, float]] = {}
-    for worker, start, stop, _ in timeline:
+    for worker, start, stop, _ in from_first_start(timeline):
         inside, end = busy.get(worker, (0.0, 0.0))
-        busy[worker] = (inside + stop - start, max(end, stop - first))
+        busy[worker] = (inside + stop - start, max(end, stop))
     return dict(sorted(busy.items()))
 
 
@@ -88,12 +91,12 @@ def pytest_terminal_summary(terminalreporter):
     for test, took in missing:
         write(f"  {took:7.1f} s  {test}")
     busy = busy_seconds(_timeline)
-    write("workers: " + ", ".join(f"{w} in tests {inside:.0f} s, done at {end:.0f} s" for w, (inside, end) in busy.items()))
+    write("workers: " + ", ".join(f"{w} in tests {inside:.0f} s, done at {end:.0f} s"
+                                  for w, (inside, end) in busy.items()))
     DURATIONS.parent.mkdir(exist_ok=True)
-    first = min((start for _, start, _, _ in _timeline), default=0.0)
     DURATIONS.write_text(json.dumps({
         "wall_seconds": round(time.time() - _started, 1), "slow": sorted(_slow & set(_seconds)),
         "seconds": {t: round(s, 2) for t, s in sorted(_seconds.items())},
-        "timeline": [[w, round(a - first, 2), round(b - first, 2), t] for w, a, b, t in _timeline],
+        "timeline": [[w, round(a, 2), round(b, 2), t] for w, a, b, t in from_first_start(_timeline)],
     }, indent=1))
     write(f"durations of this session: {DURATIONS}")

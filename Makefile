@@ -42,4 +42,4 @@ test-fast: setup
 
 ## Regenerate constraints.txt from the current .venv (after changing pins in pyproject.toml).
 lock: setup
-	$(VENV)/bin/uv pip freeze --python $(PY) --exclude-editable | grep -v '^levanter-mars' > constraints.txt
+	$(VENV)/bin/uv pip freeze --python $(PY) --exclude-editable | grep -v -E '^(levanter-mars|pip|setuptools)==' > constraints.txt

@@ -218,37 +218,39 @@ def columns(targets: Sequence[TpuTarget], constructions: Sequence[Construction] 
 
 def compare(cases: Sequence[Any], params: Any, gradient_and_objective: Any, targets: Sequence[TpuTarget],
             constructions: Sequence[Construction] = (CONSTRUCTIONS["donated"],), unguarded: bool = True,
-            baseline: str = "adamw", progress: Any = print) -> dict[str, dict[str, Any]]:
+            baseline: str = "adamw", progress: Any = print, guarded: bool = True) -> dict[str, dict[str, Any]]:
     """``{optimizer: {key(target, construction, figure[, guarded]): value}}`` (:func:`key`): the update benchmark's
     step (``bench.optimizers.make_step``) of every case compiled by XLA:TPU for every target and construction,
-    inside the non-finite guard and, with ``unguarded``, without it; ratios are to ``baseline``'s, built the same
-    way."""
+    with ``guarded`` inside the non-finite guard and, with ``unguarded``, without it; ratios are to ``baseline``'s,
+    built the same way."""
     from levanter_mars.bench.optimizers import make_step
 
-    variants = (True, False) if unguarded else (True,)  # guarded, and the optimizer alone
+    variants = tuple(v for v, wanted in ((True, guarded), (False, unguarded)) if wanted)  # guarded; the optimizer alone
+    if not variants:
+        raise ValueError("compare: nothing to compile (neither guarded nor unguarded)")
     shapes = jax.eval_shape(lambda p: p, params)
     found: dict[str, dict[str, Any]] = {}
     for case in cases:
         row = found.setdefault(case.name, {})
-        for guarded in variants:
-            optimizer, step = make_step(case, gradient_and_objective, guarded=guarded)
+        for inside in variants:
+            optimizer, step = make_step(case, gradient_and_objective, guarded=inside)
             for target in targets:
                 for construction in constructions:
                     with case.tracing():
                         result = compile_update(step, optimizer.init, shapes, shapes, target, construction)
-                    progress(f"{target.name} {construction.name} {case.name}{'' if guarded else ' unguarded'}: "
+                    progress(f"{target.name} {construction.name} {case.name}{'' if inside else ' unguarded'}: "
                              f"{result['tpu_passes']:.2f} passes, temp {result['tpu_temp_mib']:.0f} MiB, "
                              f"compiled in {result['compile_s']:.0f} s")
                     for figure, field in FIGURES.items():
-                        row[key(target, construction, figure, guarded)] = result[field]
+                        row[key(target, construction, figure, inside)] = result[field]
     base = found.get(baseline, {})
     for row in found.values():
         for target in targets:
             for construction in constructions:
-                for guarded in variants:
-                    passes, b = row[key(target, construction, "passes", guarded)], base.get(key(target, construction, "passes", guarded))
-                    row[key(target, construction, "ratio", guarded)] = None if not b else passes / b
-                if unguarded:
+                for inside in variants:
+                    passes, b = row[key(target, construction, "passes", inside)], base.get(key(target, construction, "passes", inside))
+                    row[key(target, construction, "ratio", inside)] = None if not b else passes / b
+                if guarded and unguarded:
                     row[key(target, construction, "guard_passes")] = (
                         row[key(target, construction, "passes")] - row[key(target, construction, "passes", False)])
     return found

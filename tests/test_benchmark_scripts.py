@@ -232,3 +232,49 @@ def test_baseline_ref_imports_an_earlier_optim_beside_the_current_one():
     assert not copy.parents[4].exists(), f"{copy.parents[4]} outlived the process that made it"
     with pytest.raises(SystemExit, match="no-such-ref"):
         load_optim("no-such-ref")
+
+
+def _script_module(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tpu_goals_judge_each_construction_guarded_and_alone_in_each_figure():
+    """The TPU goal lines of ``bench_optimizer.py --tpu`` on hand-made rows: each figure is taken from its own
+    construction and variant (a row's own-gradient or unguarded figure judged by the donated or guarded one would
+    pass here where it must fail), MARS-AdamW as a ratio to AdamW's same figure and MARS-M against Muon's + 3."""
+    from levanter_mars.bench.tpu_compile import CONSTRUCTIONS, TARGETS, key
+
+    v5e, donated, own = TARGETS["v5e"], CONSTRUCTIONS["donated"], CONSTRUCTIONS["own-gradient"]
+    figures = [(True, "passes"), (False, "passes"), (False, "own_passes"), (False, "hbm_passes")]
+    made = {  # per construction, the four figures above
+        ("adamw", donated): (20, 10, 8, 8), ("adamw", own): (20, 10, 8, 8),
+        ("mars-adamw-approx-fp32", donated): (29, 15, 12, 12), ("mars-adamw-approx-fp32", own): (29, 16, 12, 13),
+        ("mars-adamw-approx-bf16", donated): (21, 12, 9, 9), ("mars-adamw-approx-bf16", own): (26, 13, 9, 9),
+        ("muon-fp32", donated): (34, 23, 18, 12), ("muon-fp32", own): (34, 23, 18, 12),
+        ("mars-m-approx-fp32", donated): (40, 26, 19, 13), ("mars-m-approx-fp32", own): (36, 27, 22, 14),
+    }
+    rows: dict[str, dict] = {}
+    for (name, c), values in made.items():
+        row = rows.setdefault(name, {"optimizer": name})
+        row |= {key(v5e, c, figure, guarded): value for (guarded, figure), value in zip(figures, values)}
+
+    goals = _script_module("bench_optimizer").tpu_goals({"size": "small", "rows": list(rows.values())}, [v5e],
+                                                        [donated, own])
+    fp32, bf16, mars_m = "small: mars-adamw-approx-fp32", "small: mars-adamw-approx-bf16", "small: mars-m-approx-fp32"
+    expected = {}
+    for c, met in (("donated", [True, True, False, True, True, True, True, True, True, True, True, True]),
+                   ("own-gradient", [True, False, True, False, False, False, True, True, False, False, True, True])):
+        names = []
+        for variant, labels in (("guarded", ["bytes accessed"]),
+                                ("unguarded", ["bytes accessed", "own passes", "HBM passes"])):
+            for label in labels:
+                names += [f"{fp32} {label} / AdamW's (v5e, {c}, {variant})",
+                          f"{bf16} {label} / AdamW's (v5e, {c}, {variant})",
+                          f"{mars_m} {label} (v5e, {c}, {variant}; limit: Muon's + 3)"]
+        expected |= dict(zip(names, met))
+    assert {goal["goal"]: goal["met"] for goal in goals} == expected

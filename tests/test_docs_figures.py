@@ -94,6 +94,14 @@ FIELDS = {
     "guarded temp MiB": "v5e_donated_temp_mib",
     "unguarded temp MiB": "v5e_donated_unguarded_temp_mib",
     "unguarded copy MiB": "v5e_donated_unguarded_copy_mib",
+    # The same figures with the gradient an input of its own (--constructions donated,own-gradient), and the optimizer
+    # alone's bytes by where they go (bench.hlo): staged between memory spaces, moved by its own operations, in HBM.
+    "own-gradient guarded passes": "v5e_own-gradient_passes",
+    "own-gradient guard's passes": "v5e_own-gradient_guard_passes",
+    "own-gradient unguarded passes": "v5e_own-gradient_unguarded_passes",
+    **{f"{construction}unguarded {figure} passes": f"v5e_{key}_unguarded_{figure.lower()}_passes"
+       for construction, key in (("", "donated"), ("own-gradient ", "own-gradient"))
+       for figure in ("staging", "own", "HBM")},
 }
 
 

@@ -218,7 +218,7 @@ def main(argv=None) -> None:
     }
     tables = [f"Optimizer update benchmark. {report.describe_machine(machine)}; compiler {output['compiler']}; levanter "
               f"import: {levanter_import}; {repeats} interleaved repeats, medians; x AdamW = median of per-repeat "
-              f"ratios; goals on {basis} time, TPU goals on the guarded update."]
+              f"ratios; goals on {basis} time, TPU goals per construction, guarded and alone."]
     for result in results:
         title = f"{result['size']} ({result['parameters'] / 1e6:.1f}M parameters, {result['config']}, vocab {result['vocab_size']})"
         tables.append(report.format_table(result["rows"], columns, title=title))

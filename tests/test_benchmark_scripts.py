@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from levanter_mars.bench.convergence import SWEEP, RunResult, steps_to_reach, summarize
+from tests.helpers.scripts import load_script
 from tests.test_update_traffic import MARS_OVER_ADAMW_PASSES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -234,15 +235,6 @@ def test_baseline_ref_imports_an_earlier_optim_beside_the_current_one():
         load_optim("no-such-ref")
 
 
-def _script_module(name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_tpu_goals_judge_each_construction_guarded_and_alone_in_each_figure():
     """The TPU goal lines of ``bench_optimizer.py --tpu`` on hand-made rows: each figure is taken from its own
     construction and variant (a row's own-gradient or unguarded figure judged by the donated or guarded one would
@@ -251,24 +243,25 @@ def test_tpu_goals_judge_each_construction_guarded_and_alone_in_each_figure():
 
     v5e, donated, own = TARGETS["v5e"], CONSTRUCTIONS["donated"], CONSTRUCTIONS["own-gradient"]
     figures = [(True, "passes"), (False, "passes"), (False, "own_passes"), (False, "hbm_passes")]
-    made = {  # per construction, the four figures above
-        ("adamw", donated): (20, 10, 8, 8), ("adamw", own): (20, 10, 8, 8),
-        ("mars-adamw-approx-fp32", donated): (29, 15, 12, 12), ("mars-adamw-approx-fp32", own): (29, 16, 12, 13),
-        ("mars-adamw-approx-bf16", donated): (21, 12, 9, 9), ("mars-adamw-approx-bf16", own): (26, 13, 9, 9),
-        ("muon-fp32", donated): (34, 23, 18, 12), ("muon-fp32", own): (34, 23, 18, 12),
-        ("mars-m-approx-fp32", donated): (40, 26, 19, 13), ("mars-m-approx-fp32", own): (36, 27, 22, 14),
+    made = {  # per construction, the four figures above; AdamW's and Muon's differ in each, as do the verdicts
+        ("adamw", donated): (20, 10, 8, 7), ("adamw", own): (24, 12, 9, 8),
+        ("mars-adamw-approx-fp32", donated): (30, 16, 12, 11), ("mars-adamw-approx-fp32", own): (38, 18, 14, 12),
+        ("mars-adamw-approx-bf16", donated): (26, 12, 10, 9), ("mars-adamw-approx-bf16", own): (29, 16, 11, 10),
+        ("muon-fp32", donated): (34, 23, 18, 12), ("muon-fp32", own): (30, 21, 16, 11),
+        ("mars-m-approx-fp32", donated): (36, 26, 22, 14), ("mars-m-approx-fp32", own): (34, 25, 19, 15),
     }
     rows: dict[str, dict] = {}
     for (name, c), values in made.items():
         row = rows.setdefault(name, {"optimizer": name})
         row |= {key(v5e, c, figure, guarded): value for (guarded, figure), value in zip(figures, values)}
 
-    goals = _script_module("bench_optimizer").tpu_goals({"size": "small", "rows": list(rows.values())}, [v5e],
-                                                        [donated, own])
+    goals = load_script("bench_optimizer").tpu_goals({"size": "small", "rows": list(rows.values())}, [v5e],
+                                                     [donated, own])
     fp32, bf16, mars_m = "small: mars-adamw-approx-fp32", "small: mars-adamw-approx-bf16", "small: mars-m-approx-fp32"
     expected = {}
-    for c, met in (("donated", [True, True, False, True, True, True, True, True, True, True, True, True]),
-                   ("own-gradient", [True, False, True, False, False, False, True, True, False, False, True, True])):
+    T, F = True, False
+    for c, met in (("donated", [T, F, T, F, T, T, T, T, F, F, F, T]),  # fp32, bf16, MARS-M per figure
+                   ("own-gradient", [F, T, F, T, F, F, F, T, T, T, T, F])):
         names = []
         for variant, labels in (("guarded", ["bytes accessed"]),
                                 ("unguarded", ["bytes accessed", "own passes", "HBM passes"])):

@@ -29,10 +29,16 @@ import pytest
 
 OPTIMIZERS = ["adamw", "mars-adamw-approx-fp32", "mars-adamw-approx-bf16"]
 RATIO_GOALS = {"mars-adamw-approx-fp32": 1.55, "mars-adamw-approx-bf16": 1.25}
-#: What MARS-AdamW approx must move beyond AdamW, in fp32 parameter passes: fp32 buffers read g and the previous
-#: gradient for the norm, read and write the previous gradient (4); bf16 buffers, the previous gradient and the first
-#: moment in half the bytes (1.5). The code of 1def919 made 16.10 and 13.65 passes against AdamW's 8.71 on GPT-2 small.
-IDEAL_OVER_ADAMW = {"mars-adamw-approx-fp32": 4.0, "mars-adamw-approx-bf16": 1.5}
+#: What MARS-AdamW approx's update moves beyond AdamW's in its own traffic (fp32 parameter passes, staging left out).
+#: fp32 buffers: the previous gradient, read by the correction's norm (in the pass that reads g for the clip's norm,
+#: which AdamW has too) and read and written by the update (3). bf16 buffers: those 3 in half the bytes (1.5), less the
+#: half pass saved on each of the first moment's read and write (0.5). GPT-2 small and the reduced model measure these
+#: exactly (11.00 and 8.50 against AdamW's 8.00).
+OWN_OVER_ADAMW = {"mars-adamw-approx-fp32": 3.0, "mars-adamw-approx-bf16": 0.5}
+#: What bytes accessed may add on top, over AdamW's: XLA:TPU's staging between memory spaces (read and write of the
+#: staged copy). GPT-2 small: fp32 0.81 (donated) and 0.92 (own gradient), bf16 0.80 and 1.08; the reduced model 0.34
+#: at most. The code of 1def919 made 16.10 and 13.65 passes against AdamW's 8.71 on GPT-2 small (+7.39, +4.94).
+STAGING_OVER_ADAMW = 1.5
 CONSTRUCTIONS = ["donated", "own-gradient"]
 MARS_M, MUON = "mars-m-approx-fp32", "muon-fp32"
 #: Passes over the previous gradient: read by the correction's norm and by the momentum, and written.
@@ -103,9 +109,11 @@ def test_the_guarded_mars_update_meets_its_ratio_goals_on_v5e(compiled, construc
 @pytest.mark.slow
 @pytest.mark.parametrize("construction", CONSTRUCTIONS)
 def test_mars_adamw_alone_moves_at_most_its_ideal_over_adamw(compiled, construction):
+    own = _figures(compiled, construction, "own_passes", guarded=False)
     passes = _figures(compiled, construction, "passes", guarded=False)
-    for name, ideal in IDEAL_OVER_ADAMW.items():
-        assert passes[name] <= passes["adamw"] + ideal + 0.5, (name, passes)
+    for name, ideal in OWN_OVER_ADAMW.items():
+        assert own[name] <= own["adamw"] + ideal + 0.01, (name, own)
+        assert passes[name] <= passes["adamw"] + ideal + STAGING_OVER_ADAMW, (name, passes)
     copies = _figures(compiled, construction, "copy_mib", guarded=False)
     assert all(mib == 0 for mib in copies.values()), copies
 

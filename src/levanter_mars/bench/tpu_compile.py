@@ -225,7 +225,8 @@ def compare(cases: Sequence[Any], params: Any, gradient_and_objective: Any, targ
     built the same way."""
     from levanter_mars.bench.optimizers import make_step
 
-    variants = tuple(v for v, wanted in ((True, guarded), (False, unguarded)) if wanted)  # guarded; the optimizer alone
+    # Inside the non-finite guard; the optimizer alone.
+    variants = tuple(v for v, wanted in ((True, guarded), (False, unguarded)) if wanted)
     if not variants:
         raise ValueError("compare: nothing to compile (neither guarded nor unguarded)")
     shapes = jax.eval_shape(lambda p: p, params)
@@ -248,8 +249,9 @@ def compare(cases: Sequence[Any], params: Any, gradient_and_objective: Any, targ
         for target in targets:
             for construction in constructions:
                 for inside in variants:
-                    passes, b = row[key(target, construction, "passes", inside)], base.get(key(target, construction, "passes", inside))
-                    row[key(target, construction, "ratio", inside)] = None if not b else passes / b
+                    field = key(target, construction, "passes", inside)
+                    b = base.get(field)
+                    row[key(target, construction, "ratio", inside)] = None if not b else row[field] / b
                 if guarded and unguarded:
                     row[key(target, construction, "guard_passes")] = (
                         row[key(target, construction, "passes")] - row[key(target, construction, "passes", False)])

@@ -155,7 +155,8 @@ def tpu_goals(result: dict, targets, constructions) -> list[dict]:
                             goals.append(report.goal_line(f"{size}: {name} {label} / AdamW's ({where})",
                                                           measured / base, limit))
                     if mars_m.get(field) is not None and muon.get(field) is not None:
-                        goals.append(report.goal_line(f"{size}: {MARS_M} {label} ({where}; limit: Muon's + 3)",
+                        bound = f"limit: Muon's + {MARS_M_PASSES_OVER_MUON:g}"
+                        goals.append(report.goal_line(f"{size}: {MARS_M} {label} ({where}; {bound})",
                                                       mars_m[field], muon[field] + MARS_M_PASSES_OVER_MUON, "passes"))
     return goals
 

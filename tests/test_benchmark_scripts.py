@@ -258,16 +258,24 @@ def test_tpu_goals_judge_each_construction_guarded_and_alone_in_each_figure():
     goals = load_script("bench_optimizer").tpu_goals({"size": "small", "rows": list(rows.values())}, [v5e],
                                                      [donated, own])
     fp32, bf16, mars_m = "small: mars-adamw-approx-fp32", "small: mars-adamw-approx-bf16", "small: mars-m-approx-fp32"
-    expected = {}
     T, F = True, False
-    for c, met in (("donated", [T, F, T, F, T, T, T, T, F, F, F, T]),  # fp32, bf16, MARS-M per figure
-                   ("own-gradient", [F, T, F, T, F, F, F, T, T, T, T, F])):
-        names = []
-        for variant, labels in (("guarded", ["bytes accessed"]),
-                                ("unguarded", ["bytes accessed", "own passes", "HBM passes"])):
-            for label in labels:
-                names += [f"{fp32} {label} / AdamW's (v5e, {c}, {variant})",
-                          f"{bf16} {label} / AdamW's (v5e, {c}, {variant})",
-                          f"{mars_m} {label} (v5e, {c}, {variant}; limit: Muon's + 3)"]
-        expected |= dict(zip(names, met))
-    assert {goal["goal"]: goal["met"] for goal in goals} == expected
+    judged = {  # per construction and figure: (measured, limit, met) of fp32, bf16 and MARS-M, by hand from `made`
+        "donated": [[(30 / 20, 1.55, T), (26 / 20, 1.25, F), (36, 34 + 3, T)],
+                    [(16 / 10, 1.55, F), (12 / 10, 1.25, T), (26, 23 + 3, T)],
+                    [(12 / 8, 1.55, T), (10 / 8, 1.25, T), (22, 18 + 3, F)],
+                    [(11 / 7, 1.55, F), (9 / 7, 1.25, F), (14, 12 + 3, T)]],
+        "own-gradient": [[(38 / 24, 1.55, F), (29 / 24, 1.25, T), (34, 30 + 3, F)],
+                         [(18 / 12, 1.55, T), (16 / 12, 1.25, F), (25, 21 + 3, F)],
+                         [(14 / 9, 1.55, F), (11 / 9, 1.25, T), (19, 16 + 3, T)],
+                         [(12 / 8, 1.55, T), (10 / 8, 1.25, T), (15, 11 + 3, F)]],
+    }
+    expected = []
+    for c, per_figure in judged.items():
+        labels = [("guarded", "bytes accessed")] + [("unguarded", label) for label in
+                                                    ("bytes accessed", "own passes", "HBM passes")]
+        for (variant, label), verdicts in zip(labels, per_figure, strict=True):
+            names = [f"{fp32} {label} / AdamW's (v5e, {c}, {variant})",
+                     f"{bf16} {label} / AdamW's (v5e, {c}, {variant})",
+                     f"{mars_m} {label} (v5e, {c}, {variant}; limit: Muon's + 3)"]
+            expected += [(name, *verdict) for name, verdict in zip(names, verdicts, strict=True)]
+    assert [(g["goal"], pytest.approx(g["measured"]), g["limit"], g["met"]) for g in goals] == expected

@@ -7,8 +7,8 @@ donated with the state, and the gradient its own input), with AdamW built the sa
 non-finite guard every trainer wraps the optimizer in (the update training runs) and without it:
 
 * the update training runs: MARS-AdamW approx bytes accessed <= 1.55 x AdamW's (fp32 buffers), <= 1.25 x (bf16);
-* the optimizer alone: MARS-AdamW approx adds to AdamW no more than the passes it must make (fp32: 4; bf16: 1.5),
-  plus half a pass, and no donated buffer is copied aside;
+* the optimizer alone: MARS-AdamW approx's own operations move over AdamW's no more than the passes it must make
+  (fp32: 3; bf16: 0.5), its bytes accessed at most 1.5 passes more than that, and no donated buffer is copied aside;
 * MARS-M approx alone moves over Muon's at most what its previous gradient needs: the correction's norm and the
   momentum read it and the step writes it, 3 passes over the tensors that carry one (the matrices: 0.26 of the
   reduced model's parameter bytes, 0.68 of GPT-2 small's), in what its own operations move and in what crosses HBM
@@ -35,10 +35,11 @@ RATIO_GOALS = {"mars-adamw-approx-fp32": 1.55, "mars-adamw-approx-bf16": 1.25}
 #: half pass saved on each of the first moment's read and write (0.5). GPT-2 small and the reduced model measure these
 #: exactly (11.00 and 8.50 against AdamW's 8.00).
 OWN_OVER_ADAMW = {"mars-adamw-approx-fp32": 3.0, "mars-adamw-approx-bf16": 0.5}
-#: What bytes accessed may add on top, over AdamW's: XLA:TPU's staging between memory spaces (read and write of the
-#: staged copy). GPT-2 small: fp32 0.81 (donated) and 0.92 (own gradient), bf16 0.80 and 1.08; the reduced model 0.34
-#: at most. The code of 1def919 made 16.10 and 13.65 passes against AdamW's 8.71 on GPT-2 small (+7.39, +4.94).
-STAGING_OVER_ADAMW = 1.5
+#: What bytes accessed (which add XLA:TPU's staging between memory spaces) may add on top, on the reduced model: it
+#: measures -2.08 (fp32) and +0.63 (bf16) passes. Not a bound GPT-2 small meets alone with the gradient its own input
+#: (+1.80 and +1.94 there, reported in docs/benchmarks.md). The code of 1def919 made 16.10 and 13.65 passes against
+#: AdamW's 8.71 on GPT-2 small (+7.39, +4.94).
+BYTES_ACCESSED_SLACK = 1.5
 CONSTRUCTIONS = ["donated", "own-gradient"]
 MARS_M, MUON = "mars-m-approx-fp32", "muon-fp32"
 #: Passes over the previous gradient: read by the correction's norm and by the momentum, and written.
@@ -113,7 +114,7 @@ def test_mars_adamw_alone_moves_at_most_its_ideal_over_adamw(compiled, construct
     passes = _figures(compiled, construction, "passes", guarded=False)
     for name, ideal in OWN_OVER_ADAMW.items():
         assert own[name] <= own["adamw"] + ideal + 0.01, (name, own)
-        assert passes[name] <= passes["adamw"] + ideal + STAGING_OVER_ADAMW, (name, passes)
+        assert passes[name] <= passes["adamw"] + ideal + BYTES_ACCESSED_SLACK, (name, passes)
     copies = _figures(compiled, construction, "copy_mib", guarded=False)
     assert all(mib == 0 for mib in copies.values()), copies
 

@@ -269,10 +269,10 @@ def test_tpu_goals_judge_each_construction_guarded_and_alone_in_each_figure():
                          [(14 / 9, 1.55, F), (11 / 9, 1.25, T), (19, 16 + 3, T)],
                          [(12 / 8, 1.55, T), (10 / 8, 1.25, T), (15, 11 + 3, F)]],
     }
+    labels = [("guarded", "bytes accessed"), ("unguarded", "bytes accessed"), ("unguarded", "own passes"),
+              ("unguarded", "HBM passes")]
     expected = []
     for c, per_figure in judged.items():
-        labels = [("guarded", "bytes accessed")] + [("unguarded", label) for label in
-                                                    ("bytes accessed", "own passes", "HBM passes")]
         for (variant, label), verdicts in zip(labels, per_figure, strict=True):
             names = [f"{fp32} {label} / AdamW's (v5e, {c}, {variant})",
                      f"{bf16} {label} / AdamW's (v5e, {c}, {variant})",

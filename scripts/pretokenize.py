@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     if config.embedded_corpus:
-        pydocs_corpus.prepare(config.embedded_corpus)
+        pydocs_corpus.prepare(config.embedded_corpus, config.embedded_corpus_sources)
     problems = data_lib.missing_data_paths(config.data)
     if problems:
         print("config error: " + "; ".join(problems), file=sys.stderr)

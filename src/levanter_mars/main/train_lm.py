@@ -49,7 +49,9 @@ def main(config: TrainAndEvalConfig) -> Optional[RunSummary]:
     distributed.start(config.trainer)
     config.trainer.id = stable_run_id(config)
     if config.embedded_corpus:
-        distributed.leader_decides(lambda: bool(pydocs_corpus.prepare(config.embedded_corpus)))
+        validation.check_embedded_corpus(config)  # before the corpus is built from it
+        distributed.leader_decides(
+            lambda: bool(pydocs_corpus.prepare(config.embedded_corpus, config.embedded_corpus_sources)))
     validation.validate(config)
     compilation_cache.enable(config.trainer)
     wandb_offline_unless_configured(config.trainer)

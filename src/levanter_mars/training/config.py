@@ -40,6 +40,9 @@ class TrainLmConfig(upstream_train_lm.TrainLmConfig):
 
     embedded_corpus: Optional[str] = None
     """If set, build the offline Python-docs corpus and its tokenizer in this directory before training (once)."""
+    embedded_corpus_sources: str = "stdlib"
+    """What the embedded corpus holds: ``stdlib`` (Python's own docs, ~0.6M tokens) or ``installed`` (also every
+    installed distribution's docs, ~13M tokens: runs that must not repeat data). See ``data/pydocs_corpus.py``."""
     fresh: bool = False
     """Start over instead of resuming: the previous run directory and checkpoints are moved aside, not deleted."""
     plot: bool = True

@@ -259,12 +259,22 @@ def check_supported(config: TrainLmConfig) -> None:
             )
 
 
+def check_embedded_corpus(config: TrainLmConfig) -> None:
+    from levanter_mars.training.data.pydocs_corpus import check_sources
+
+    try:
+        check_sources(getattr(config, "embedded_corpus_sources", "stdlib"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+
+
 def check_fields(config: TrainLmConfig, *, placeholders: bool = True) -> None:
     """What the config alone decides, cheapest first. ``placeholders``: False where nothing will be read or written
     (pre-flight sizes the program of a shipped config before its bucket is filled in)."""
     if placeholders:
         check_placeholders(config)
     check_supported(config)
+    check_embedded_corpus(config)
     check_trainer(config.trainer)
     check_model(config.model)
     check_optimizer(config.optimizer, config.trainer.num_train_steps)

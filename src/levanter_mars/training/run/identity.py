@@ -14,6 +14,9 @@ from levanter.optim import OptimizerConfig
 
 # Fields that do not change what is trained, and so do not change the derived run id.
 _ID_EXCLUDED = ("fresh", "plot", "eval_harness_failure")
+#: Fields added after ids were first derived, with the value every earlier run had: left out of the hash at that value,
+#: so runs started before the field existed keep their id.
+_FIELDS_ADDED = {"embedded_corpus_sources": "stdlib"}
 _TRAINER_ID_EXCLUDED = (
     "id", "tracker", "log_dir", "checkpointer", "load_checkpoint", "load_checkpoint_path", "ray", "compilation_cache",
 )  # fmt: skip
@@ -58,6 +61,9 @@ def stable_run_id(config) -> str:
     encoded = draccus.encode(config)
     for key in _ID_EXCLUDED:
         encoded.pop(key, None)
+    for key, earlier_value in _FIELDS_ADDED.items():
+        if encoded.get(key) == earlier_value:
+            del encoded[key]
     for key in _TRAINER_ID_EXCLUDED:
         encoded.get("trainer", {}).pop(key, None)
     for key in _DATA_ID_EXCLUDED:

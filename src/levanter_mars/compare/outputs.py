@@ -1,0 +1,194 @@
+"""The comparison's three outputs, from its record (``summary.summarize``): ``compare.json``, ``compare.md`` (the table a
+paper would print) and ``compare.png`` (val loss against tokens with seed bands; the speed-ups with intervals)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional, Sequence
+
+
+
+def markdown_table(rows: Sequence[dict[str, str]], columns: Sequence[tuple[str, str]], title: str = "") -> str:
+    lines = [f"{title}\n" if title else ""]
+    lines.append("| " + " | ".join(h for _, h in columns) + " |")
+    lines.append("|" + "---|" * len(columns))
+    lines += ["| " + " | ".join(str(row.get(k, "")).replace("|", "\\|") for k, _ in columns) + " |" for row in rows]
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def write_all(summary: dict[str, Any], output_dir: str) -> dict[str, str]:
+    os.makedirs(output_dir, exist_ok=True)
+    paths = {name: os.path.join(output_dir, f"compare.{name}") for name in ("json", "md", "png")}
+    _write(paths["json"], json.dumps(summary, indent=1, sort_keys=False) + "\n")
+    _write(paths["md"], markdown(summary))
+    plot(summary, paths["png"])
+    return paths
+
+
+def _write(path: str, text: str) -> None:
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def _number(value: Optional[float], digits: int = 4) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _interval(bounds: Optional[Sequence[Optional[float]]], digits: int = 4, low_none: str = "–") -> str:
+    if not bounds:
+        return ""
+    low, high = bounds
+    return f"[{low_none if low is None else f'{low:.{digits}f}'}, {_number(high, digits)}]"
+
+
+def _tokens(value: Optional[float]) -> str:
+    if value is None:
+        return "not reached"
+    return f"{value / 1e6:.3f}M" if value >= 1e5 else f"{value:,.0f}"
+
+
+def result_rows(summary: dict[str, Any]) -> list[dict[str, str]]:
+    rows = []
+    for name, arm in summary["arms"].items():
+        notes = []
+        if arm.get("edge"):
+            notes.append("best at grid edge: " + ", ".join(f"{k} {v}" for k, v in arm["edge"].items()))
+        if arm.get("diverged_points"):
+            notes.append("diverged: " + ", ".join(arm["diverged_points"]))
+        if arm.get("all_diverged"):
+            notes.append("every point diverged")
+        if not arm.get("final_runs_complete"):
+            notes.append("incomplete")
+        rows.append({
+            "arm": name + (" (baseline)" if name == summary["baseline"] else ""),
+            "best": arm.get("best_label") or "–",
+            "final": _number(arm.get("final_val_loss")) + " " + _interval(arm.get("final_val_loss_interval")),
+            "delta": (_number(arm.get("final_val_loss_difference")) + " "
+                      + _interval(arm.get("final_val_loss_difference_interval"))) if "speedup" in arm else "–",
+            "tokens": _tokens(arm.get("tokens_to_target")) if "speedup" in arm else "–",
+            "speedup": (_number(arm.get("speedup"), 2) + " " + _interval(arm.get("speedup_interval"), 2,
+                        low_none="not reached")) if "speedup" in arm else "–",
+            "spt": "–" if arm.get("seconds_per_token") is None else f"{arm['seconds_per_token'] * 1e6:.1f}",
+            "time": _number(arm.get("time_speedup"), 2),
+            "notes": "; ".join(notes),
+        })  # fmt: skip
+    return rows
+
+
+RESULT_COLUMNS = [
+    ("arm", "arm"),
+    ("best", "best point"),
+    ("final", "final val loss [95% CI]"),
+    ("delta", "Δ vs baseline [95% CI]"),
+    ("tokens", "tokens to target"),
+    ("speedup", "speed-up (tokens) [95% CI]"),
+    ("spt", "µs / token"),
+    ("time", "speed-up (time)"),
+    ("notes", "notes"),
+]
+
+
+def grid_rows(summary: dict[str, Any]) -> list[dict[str, str]]:
+    rows = []
+    for name, arm in summary["arms"].items():
+        for point in arm["points"]:
+            best = point["point"] == arm.get("best_point")
+            rows.append({
+                "arm": name,
+                "point": point["label"] + (" (added past the edge)" if point["added_past_edge"] else ""),
+                "loss": _number(point["tuning_val_loss"]) + (" **best**" if best else ""),
+                "status": ", ".join(point["statuses"]),
+            })  # fmt: skip
+    return rows
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    budget = summary["budget"]
+    confidence = round(100 * summary["interval"]["confidence"])
+    title = (
+        f"# Comparison `{summary['comparison']}`\n\n"
+        f"{budget['model']} trained for {budget['num_train_steps']} steps of {budget['tokens_per_step']:,} tokens "
+        f"({budget['tokens_per_run'] / 1e6:.3f}M tokens per run), evaluated every {budget['steps_per_eval']} steps; "
+        f"seeds {summary['seeds']} (tuning on {summary['tuning_seeds']}); {summary['where']}, "
+        f"{summary['parallel']} run(s) at a time.\n\n"
+        f"Target: the baseline ({summary['baseline']}) at its best point, mean final val loss "
+        f"**{_number(summary['target_val_loss'])}**. Intervals: {confidence}% paired bootstrap over seeds "
+        f"({summary['interval']['samples']} resamples, seed {summary['interval']['seed']}).\n"
+    )
+    if not summary["complete"]:
+        title += f"\n**Incomplete**: {len(summary['incomplete_runs'])} run(s) missing; rerun the command to finish.\n"
+    parts = [
+        title,
+        markdown_table(result_rows(summary), RESULT_COLUMNS),
+        markdown_table(grid_rows(summary), [("arm", "arm"), ("point", "grid point"),
+                                          ("loss", "mean final val loss (tuning seeds)"), ("status", "runs")],
+                     title="Tuning: every grid point on the tuning seeds"),  # fmt: skip
+        "Definitions:\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in summary["definitions"].items()) + "\n",
+        f"Made by `{summary['command']}` with {_versions(summary['versions'])}.\n",
+    ]
+    return "\n".join(parts)
+
+
+def _versions(versions: dict[str, Optional[str]]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in versions.items() if v)
+
+
+def plot(summary: dict[str, Any], path: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (curves, speedups) = plt.subplots(1, 2, figsize=(13, 5), dpi=120, gridspec_kw={"width_ratios": [3, 2]})
+    names = list(summary["arms"])
+    for i, name in enumerate(names):
+        arm = summary["arms"][name]
+        if "curve" not in arm:
+            continue
+        curve, color = arm["curve"], f"C{i % 10}"
+        tokens = [t / 1e6 for t in curve["tokens"]]
+        curves.fill_between(tokens, curve["min"], curve["max"], color=color, alpha=0.2, linewidth=0)
+        curves.plot(tokens, curve["mean"], "o-", color=color, markersize=3, label=f"{name} ({arm['best_label']})")
+    if summary["target_val_loss"] is not None:
+        curves.axhline(summary["target_val_loss"], color="black", linestyle="--", linewidth=1, label="target")
+        _zoom(curves, summary)
+    curves.set_xlabel("tokens (millions)")
+    curves.set_ylabel("val loss (nats/token)")
+    curves.set_title(f"seed mean at each arm's best point; band: min-max over {len(summary['seeds'])} seeds")
+    curves.grid(alpha=0.3)
+    curves.legend(fontsize=8)
+
+    measured = [(n, summary["arms"][n]) for n in names if summary["arms"][n].get("speedup") is not None
+                or "speedup" in summary["arms"][n]]  # fmt: skip
+    for row, (name, arm) in enumerate(measured):
+        color = f"C{names.index(name) % 10}"
+        value = arm.get("speedup")
+        low, high = arm.get("speedup_interval") or (None, None)
+        if value is None:
+            speedups.text(1.0, row, "  not reached", va="center", fontsize=8)
+            continue
+        low = low if low is not None else 0.0
+        xerr = [[value - low], [(high if high is not None else value) - value]]
+        speedups.errorbar([value], [row], xerr=xerr, fmt="o", color=color, capsize=4)
+    speedups.axvline(1.0, color="black", linewidth=1)
+    speedups.set_yticks(range(len(measured)), [n for n, _ in measured])
+    speedups.set_xlabel(f"speed-up in tokens to the target ({round(100 * summary['interval']['confidence'])}% CI)")
+    speedups.set_title("> 1: reaches the baseline's final loss sooner")
+    speedups.grid(alpha=0.3, axis="x")
+    fig.suptitle(f"{summary['comparison']}: {summary['budget']['tokens_per_run'] / 1e6:.2f}M tokens per run")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _zoom(axes, summary: dict[str, Any]) -> None:
+    """The first evaluations are far above the rest: show the part of the curves where the arms differ."""
+    finals = [a["final_val_loss"] for a in summary["arms"].values() if a.get("final_val_loss") is not None]
+    highs = [m for a in summary["arms"].values() if "curve" in a for m in a["curve"]["max"][len(a["curve"]["max"]) // 4:]]
+    if finals and highs:
+        low, high = min(finals), max(highs)
+        margin = 0.05 * (high - low) if high > low else 0.1
+        axes.set_ylim(low - margin, high + margin)

@@ -1,0 +1,204 @@
+"""A comparison's runs as ordinary training runs: each one's config, where it writes, and what it left.
+
+A run is ``python -m levanter_mars.main.train_lm`` on ``<output_dir>/configs/<run id>.yaml`` (plus the comparison's
+overrides); its metrics land in ``<output_dir>/runs/<run id>/`` and its checkpoints under the checkpoint base path
+(``<output_dir>/checkpoints`` unless the base config's is a bucket). When it ends, the comparison writes
+``<output_dir>/records/<run id>.json``: how it ended and a digest of its config, so that a rerun reuses it only if it
+would train the very same run.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import os
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+import fsspec
+import yaml
+
+from levanter_mars.compare.measure import Curve
+from levanter_mars.compare.plan import Outcome, RunKey, run_id
+from levanter_mars.compare.spec import SCHEDULE_FIELDS, CompareConfig, SpecError
+from levanter_mars.training.errors import ExitCode
+from levanter_mars.training.run.metrics import METRICS_FILENAME, read_metrics
+
+#: The run's record of itself, copied beside its checkpoints at the end (for runs on other machines).
+RECORD_DIR = "run-record"
+
+
+def deep_merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``overrides`` applied; nested mappings merge, anything else replaces."""
+    out = copy.deepcopy(dict(base))
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a comparison's files go."""
+
+    output_dir: str
+    checkpoint_base: str
+
+    @classmethod
+    def of(cls, spec: CompareConfig, base: Mapping[str, Any]) -> "Layout":
+        base_path = str(base.get("trainer", {}).get("checkpointer", {}).get("base_path", ""))
+        remote = "://" in base_path
+        return cls(spec.output_dir, base_path if remote else os.path.join(spec.output_dir, "checkpoints"))
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.output_dir, *parts)
+
+    def config_path(self, rid: str) -> str:
+        return self.path("configs", f"{rid}.yaml")
+
+    def record_path(self, rid: str) -> str:
+        return self.path("records", f"{rid}.json")
+
+    def log_path(self, rid: str) -> str:
+        return self.path("logs", f"{rid}.log")
+
+    def metrics_path(self, rid: str) -> str:
+        return self.path("runs", rid, METRICS_FILENAME)
+
+    def mirrored_metrics_path(self, rid: str) -> str:
+        return f"{self.checkpoint_base.rstrip('/')}/{rid}/{RECORD_DIR}/{METRICS_FILENAME}"
+
+
+def run_config(spec: CompareConfig, base: Mapping[str, Any], layout: Layout, key: RunKey) -> dict[str, Any]:
+    """The training config of one run: the base (with the spec's overrides), the arm's optimizer with the point's
+    values and the base's schedule shape, the seed, the run id, and every path in the comparison's directory."""
+    config = deep_merge(base, spec.base_overrides)
+    schedule = {k: v for k, v in config.get("optimizer", {}).items() if k in SCHEDULE_FIELDS}
+    config["optimizer"] = {**spec.arm(key.arm).optimizer, **schedule, **dict(key.point)}
+    rid = run_id(spec, key)
+    config = deep_merge(config, {"trainer": {"id": rid, "seed": key.seed, "log_dir": layout.path("runs"),
+                                             "checkpointer": {"base_path": layout.checkpoint_base}}})  # fmt: skip
+    config.pop("data_seed", None)  # the seed decides the data order, for every arm alike
+    config["fresh"] = False
+    return config
+
+
+def config_digest(config: Mapping[str, Any], overrides: Sequence[str]) -> str:
+    """What the run trains, without where it writes: equal digests, equal runs."""
+    trainer = {k: v for k, v in config.get("trainer", {}).items() if k not in ("log_dir", "checkpointer")}
+    checkpointer = {k: v for k, v in config.get("trainer", {}).get("checkpointer", {}).items() if k != "base_path"}
+    content = {**config, "trainer": {**trainer, "checkpointer": checkpointer}, "overrides": list(overrides)}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run_id: str
+    arm: str
+    point: dict[str, Any]
+    seed: int
+    status: str
+    """``ok``, ``diverged`` (a non-finite stop, exit 3, or a non-finite eval loss), ``failed`` (retried by the next
+    invocation) or ``config_error``."""
+    exit_code: Optional[int]
+    config_digest: str
+    seconds: Optional[float]
+    """Wall seconds of the process that ended the run (its start-up and compilation included)."""
+    where: str
+    """``local``, or the launcher's slice (``cpu x 2 hosts``, ``v4-32``)."""
+    log: str
+
+    def outcome(self, final_loss: Optional[float]) -> Outcome:
+        return Outcome(self.status, final_loss)
+
+
+def write_record(layout: Layout, record: RunRecord) -> None:
+    path = layout.record_path(record.run_id)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(asdict(record), f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def read_record(layout: Layout, rid: str) -> Optional[RunRecord]:
+    try:
+        with open(layout.record_path(rid)) as f:
+            return RunRecord(**json.load(f))
+    except FileNotFoundError:
+        return None
+
+
+def check_reusable(record: RunRecord, digest: str, layout: Layout) -> None:
+    if record.config_digest != digest:
+        raise SpecError(
+            f"{layout.record_path(record.run_id)}: run {record.run_id} was trained with another config than this "
+            "spec gives it now (arm, grid, base or overrides changed under the same name): use another --output_dir, "
+            "or rename the arm"
+        )
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a run left: its eval curve and seconds per training token."""
+
+    curve: Curve
+    steps: int
+    seconds_per_token: Optional[float]
+
+
+def status_of(exit_code: Optional[int], result: Optional[RunResult], num_train_steps: int) -> str:
+    """How a run ended, from its exit code and its metrics."""
+    if exit_code == ExitCode.NONFINITE_STOP:
+        return "diverged"
+    if exit_code == ExitCode.CONFIG_ERROR:
+        return "config_error"
+    if exit_code != 0 or result is None or result.steps < num_train_steps or not result.curve.losses:
+        return "failed"
+    return "diverged" if any(v is None for v in result.curve.losses) else "ok"
+
+
+def read_result(layout: Layout, rid: str, tokens_per_step: int, remote: bool) -> Optional[RunResult]:
+    """A run's metrics, from its run directory, or from the copy beside its checkpoints (``remote``: runs on other
+    machines, whose run directory is on their host 0)."""
+    records = _metrics(layout.mirrored_metrics_path(rid)) if remote else read_metrics(layout.metrics_path(rid))
+    if not records:
+        return None
+    evals = [(int(r["step"]) + 1, _finite(r["eval/loss"])) for r in records if "eval/loss" in r]
+    steps = max(int(r["step"]) + 1 for r in records)
+    durations = [float(r["throughput/duration"]) for r in records if "throughput/duration" in r]
+    # The first steps compile and warm up; what is left is the run's steady pace.
+    steady = durations[3:] if len(durations) > 6 else durations
+    seconds_per_token = statistics.median(steady) / tokens_per_step if steady else None
+    curve = Curve(tuple(float(s * tokens_per_step) for s, _ in evals), tuple(v for _, v in evals))
+    return RunResult(curve, steps, seconds_per_token)
+
+
+def _finite(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _metrics(url: str) -> list[dict[str, Any]]:
+    try:
+        with fsspec.open(url, "r") as f:
+            lines = f.read().splitlines(True)
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in lines if line.endswith("\n")]
+
+
+def write_config(layout: Layout, rid: str, config: Mapping[str, Any]) -> str:
+    path = layout.config_path(rid)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    text = yaml.safe_dump(dict(config), sort_keys=False)
+    if not os.path.exists(path) or open(path).read() != text:
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+    return path

@@ -33,7 +33,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from levanter_mars.bench.convergence import deep_merge  # noqa: E402
+from levanter_mars.training.yaml_sections import deep_merge  # noqa: E402
 from tests.helpers.evals import include_suite  # noqa: E402
 from tests.helpers.faults import prelude  # noqa: E402
 from tests.helpers.families import TINY_MODELS  # noqa: E402

@@ -1,14 +1,13 @@
 """The benchmark scripts run (``--quick --json``) and report what they promise. Smoke only: no timing is asserted.
 
 Exact facts that do not depend on timing are checked: state bytes per parameter follow from the optimizers' buffers
-(AdamW 8 in fp32; MARS-AdamW approx 12, less the vectors' absent previous gradient), and the convergence summary
-interpolates eval curves correctly.
+(AdamW 8 in fp32; MARS-AdamW approx 12, less the vectors' absent previous gradient). Optimizer comparisons (what the
+convergence benchmark was) are ``python -m levanter_mars.main.compare``: tests/test_compare_*.py.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -17,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from levanter_mars.bench.convergence import SWEEP, RunResult, steps_to_reach, summarize
 from tests.helpers.scripts import load_script
 from tests.test_update_traffic import MARS_OVER_ADAMW_PASSES
 
@@ -48,18 +46,14 @@ class Script:
 
 
 @pytest.fixture(scope="module")
-def scripts(tmp_path_factory, pydocs_corpus):
-    """The three smoke runs, started together: on 2 cores their start-up and compilation overlap."""
+def scripts(tmp_path_factory):
+    """The two smoke runs, started together: on 2 cores their start-up and compilation overlap."""
     work = tmp_path_factory.mktemp("bench-scripts")
     started = {
         "optimizer": Script("bench_optimizer.py", workdir=work),
         "step": Script("bench_step.py", workdir=work),
-        "convergence": Script(
-            "bench_convergence.py", "--workdir", str(work / "convergence"), "--corpus", str(pydocs_corpus),
-            "--plot", str(work / "curves.png"), workdir=work,
-        ),
     }
-    yield started | {"plot": work / "curves.png"}
+    yield started
     for script in started.values():
         if script.proc.poll() is None:
             script.proc.kill()
@@ -89,17 +83,6 @@ def _rows_well_formed(rows: list[dict]) -> dict[str, dict]:
             paired = statistics.median(a / b for a, b in zip(row[times], adamw[times], strict=True))
             assert row[ratio] == pytest.approx(paired), (row["optimizer"], ratio, row[ratio], paired)
     return by_name
-
-
-def _steps_ratios_well_formed(result: dict) -> None:
-    """Each optimizer's steps to the target over AdamW's (the same target: tuned AdamW's final val loss)."""
-    optimizers = result["optimizers"]
-    adamw = optimizers["adamw"]["steps_to_target"]
-    for name, entry in optimizers.items():
-        if entry["steps_to_target"] is None or not adamw:
-            assert entry["steps_ratio"] is None, name
-        else:
-            assert entry["steps_ratio"] == pytest.approx(entry["steps_to_target"] / adamw), name
 
 
 @pytest.mark.slow
@@ -141,55 +124,6 @@ def test_bench_step_quick(scripts):
     assert rows["mars-adamw-exact-fp32"]["state_bytes_per_param"] == 12.0  # exact keeps all previous parameters
     assert nano["exact_to_approx"]["cpu"] > 0 and nano["approx_to_adamw"]["wall"] > 0
     _goals_well_formed(result)
-
-
-@pytest.mark.slow
-def test_bench_convergence_quick(scripts):
-    result, plot = scripts["convergence"].result(), scripts["plot"]
-    assert result["benchmark"] == "convergence"
-    assert [r["status"] for r in result["runs"]] == ["ok"] * 3, result["runs"]
-    assert set(result["optimizers"]) == {"adamw", "mars-adamw", "mars-adamw-exact"}
-    assert math.isfinite(result["target_val_loss"])
-    _steps_ratios_well_formed(result)
-    for run in result["runs"]:
-        assert run["steps"] == result["num_train_steps"] and run["eval_steps"][-1] == run["steps"]
-    assert plot.stat().st_size > 10_000 and result["plot"] == str(plot)
-    _goals_well_formed(result)
-
-
-def test_steps_to_reach_interpolates_between_eval_points():
-    steps, losses = [1, 20, 40, 60], [8.0, 6.0, 5.0, 4.5]
-    assert steps_to_reach(steps, losses, 5.5) == pytest.approx(30.0)
-    assert steps_to_reach(steps, losses, 6.0) == 20.0
-    assert steps_to_reach(steps, losses, 9.0) == 1.0
-    assert steps_to_reach(steps, losses, 4.0) is None
-    assert steps_to_reach(steps, [8.0, None, 5.0, 4.5], 5.0) is None  # diverged before reaching it
-
-
-def _run(optimizer: str, lr: float, seed: int, losses: list[float]) -> RunResult:
-    steps = [1, 10, 20]
-    return RunResult(optimizer, lr, seed, f"{optimizer}-{lr}-{seed}", 20, steps, losses, losses[-1], None, "ok", "")
-
-
-def test_summary_picks_best_lr_by_seed_mean_and_ratios_against_tuned_adamw():
-    adamw, mars = SWEEP[0], SWEEP[1]
-    lo, mid, hi = adamw.learning_rates
-    results = [
-        _run("adamw", lo, 0, [8.0, 6.0, 5.0]), _run("adamw", lo, 1, [8.0, 6.0, 5.2]),   # mean final 5.1: best
-        _run("adamw", mid, 0, [8.0, 5.5, 4.9]), _run("adamw", mid, 1, [8.0, 6.0, 5.5]),  # mean 5.2
-        _run("adamw", hi, 0, [8.0, 7.0, 6.0]), _run("adamw", hi, 1, [8.0, 7.0, 6.0]),
-        _run("mars-adamw", mid, 0, [8.0, 5.1, 4.5]), _run("mars-adamw", mid, 1, [8.0, 5.1, 4.7]),
-    ]
-    summary = summarize(results, [adamw, mars])
-    assert summary["target_val_loss"] == pytest.approx(5.1)
-    assert summary["optimizers"]["adamw"]["best_learning_rate"] == lo
-    assert summary["optimizers"]["adamw"]["best_lr_at_grid_edge"] is True
-    _steps_ratios_well_formed(summary)
-    entry = summary["optimizers"]["mars-adamw"]
-    assert entry["best_learning_rate"] == mid and entry["best_final_val_loss"] == pytest.approx(4.6)
-    assert entry["steps_to_target"] == pytest.approx(10.0) and entry["steps_ratio"] == pytest.approx(0.5)
-    # A learning rate with a missing seed has no mean and cannot win.
-    assert [p["mean_final_val_loss"] for p in entry["per_learning_rate"]][0] is None
 
 
 def test_levanter_mars_runs_inside_the_benchmark_workaround_only():

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import yaml
 
-from levanter_mars.bench.convergence import deep_merge
+from levanter_mars.training.yaml_sections import deep_merge
 from levanter_mars.training.data import pydocs_corpus
 from levanter_mars.training.run.metrics import read_metrics
 from tests.helpers import zygote

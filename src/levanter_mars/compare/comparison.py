@@ -3,9 +3,10 @@ missing (reading back what earlier invocations finished), and hand the results t
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from levanter_mars.compare import execute
 from levanter_mars.compare.plan import Outcome, Plan, RunKey, plan, point_label, run_id
@@ -67,7 +68,10 @@ def open_comparison(spec: CompareConfig, overrides: Sequence[str]) -> Comparison
     first = plan(spec, {})
     keys = {RunKey(k.arm, k.point, spec.seeds[0]) for k in first.runs}
     parsed = {key: _checked(spec, base, layout, key, overrides) for key in sorted(keys)}
-    budget = _budget(next(iter(parsed.values())))
+    first_config = next(iter(parsed.values()))
+    budget = _budget(first_config)
+    # An override may move the checkpoints (a bucket on a pod): the runs' records are read from where they are.
+    layout = dataclasses.replace(layout, checkpoint_base=first_config.trainer.checkpointer.base_path)
     comparison = Comparison(spec, list(overrides), base, layout, budget, checked={(k.arm, k.point) for k in keys})
     _read_back(comparison)
     return comparison
@@ -155,6 +159,22 @@ def _take(comparison: Comparison, key: RunKey, record: RunRecord) -> None:
     comparison.records[key] = record
     if result is not None:
         comparison.results[key] = result
+
+
+def describe_plan(comparison: Comparison, plan: Plan) -> str:
+    """The runs planned so far (the best points' seeds follow once tuning has ended), each with its command."""
+    spec, layout = comparison.spec, comparison.layout
+    lines = [f"{len(plan.runs)} run(s) planned so far, {len(plan.pending)} to train ({execute.where(spec)}):"]
+    for key in plan.runs:
+        rid = run_id(spec, key)
+        state = comparison.records[key].status if key in comparison.records else "to train"
+        command = execute.training_command(spec, layout.config_path(rid), comparison.overrides)
+        lines.append(f"  {rid}: {state}\n    {' '.join(command)}")
+    later = [a for a, arm_plan in plan.arms.items() if not arm_plan.tuned]
+    if later:
+        lines.append(f"then each arm's best point on seeds {[s for s in spec.seeds if s not in spec.tuning_seeds]} "
+                     f"(arms still tuning: {', '.join(later)})")  # fmt: skip
+    return "\n".join(lines)
 
 
 def run_missing(comparison: Comparison, report: Callable[[str], None]) -> Plan:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, TextIO
 
 from levanter_mars.compare.plan import RunKey
-from levanter_mars.compare.spec import CompareConfig
+from levanter_mars.compare.spec import CompareConfig, SpecError
 from levanter_mars.training.run.metrics import read_metrics
 
 #: Seconds between looks at the running processes (and between progress lines when nothing changes: 30).
@@ -24,11 +24,22 @@ POLL_S = 1.0
 PROGRESS_EVERY_S = 30.0
 
 
+def shipped_path(path: str) -> str:
+    """``path`` relative to the working directory, which the launcher ships to a pod's hosts (and runs in)."""
+    relative = os.path.relpath(path)
+    if relative.startswith(".."):
+        raise SpecError(
+            f"output_dir: runs on a slice read their configs from the working directory the launcher ships, and "
+            f"{path} is outside it ({os.getcwd()}): use an output_dir under it"
+        )
+    return relative
+
+
 def training_command(spec: CompareConfig, config_path: str, overrides: Sequence[str]) -> list[str]:
     """The command of one run: the training program itself, or the launcher with the spec's slice."""
     if spec.tpu_type is None:
         return [sys.executable, "-m", "levanter_mars.main.train_lm", "--config_path", config_path, *overrides]
-    command = [sys.executable, "-m", "levanter_mars.infra.launch", "--config_path", config_path,
+    command = [sys.executable, "-m", "levanter_mars.infra.launch", "--config_path", shipped_path(config_path),
                "--tpu_type", spec.tpu_type, "--num_slices", str(spec.num_slices)]  # fmt: skip
     if spec.tpu_type == "cpu":
         command += ["--num_hosts", str(spec.num_hosts)]

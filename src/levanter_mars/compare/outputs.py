@@ -107,9 +107,11 @@ def grid_rows(summary: dict[str, Any]) -> list[dict[str, str]]:
 def markdown(summary: dict[str, Any]) -> str:
     budget = summary["budget"]
     confidence = round(100 * summary["interval"]["confidence"])
+    model = budget["model"]
+    described = ", ".join(f"{k} {v}" for k, v in model.items() if k != "type")
     title = (
         f"# Comparison `{summary['comparison']}`\n\n"
-        f"{budget['model']} trained for {budget['num_train_steps']} steps of {budget['tokens_per_step']:,} tokens "
+        f"{model.get('type', 'model').removesuffix('Config')} ({described}) trained for {budget['num_train_steps']} steps of {budget['tokens_per_step']:,} tokens "
         f"({budget['tokens_per_run'] / 1e6:.3f}M tokens per run), evaluated every {budget['steps_per_eval']} steps; "
         f"seeds {summary['seeds']} (tuning on {summary['tuning_seeds']}); {summary['where']}, "
         f"{summary['parallel']} run(s) at a time.\n\n"
@@ -141,47 +143,66 @@ def plot(summary: dict[str, Any], path: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (curves, speedups) = plt.subplots(1, 2, figsize=(13, 5), dpi=120, gridspec_kw={"width_ratios": [3, 2]})
+    fig, (curves, speedups, deltas) = plt.subplots(1, 3, figsize=(16, 5), dpi=120,
+                                                   gridspec_kw={"width_ratios": [3, 2, 2]})  # fmt: skip
     names = list(summary["arms"])
-    for i, name in enumerate(names):
+    colors = {name: f"C{i % 10}" for i, name in enumerate(names)}
+    for name in names:
         arm = summary["arms"][name]
         if "curve" not in arm:
             continue
-        curve, color = arm["curve"], f"C{i % 10}"
+        curve = arm["curve"]
         tokens = [t / 1e6 for t in curve["tokens"]]
-        curves.fill_between(tokens, curve["min"], curve["max"], color=color, alpha=0.2, linewidth=0)
-        curves.plot(tokens, curve["mean"], "o-", color=color, markersize=3, label=f"{name} ({arm['best_label']})")
+        curves.fill_between(tokens, curve["min"], curve["max"], color=colors[name], alpha=0.2, linewidth=0)
+        curves.plot(tokens, curve["mean"], "o-", color=colors[name], markersize=3, label=f"{name} ({arm['best_label']})")
     if summary["target_val_loss"] is not None:
         curves.axhline(summary["target_val_loss"], color="black", linestyle="--", linewidth=1, label="target")
         _zoom(curves, summary)
     curves.set_xlabel("tokens (millions)")
     curves.set_ylabel("val loss (nats/token)")
-    curves.set_title(f"seed mean at each arm's best point; band: min-max over {len(summary['seeds'])} seeds")
+    curves.set_title(f"seed mean at each arm's best point; band: min-max over {len(summary['seeds'])} seeds",
+                     fontsize=9)  # fmt: skip
     curves.grid(alpha=0.3)
     curves.legend(fontsize=8)
 
-    measured = [(n, summary["arms"][n]) for n in names if summary["arms"][n].get("speedup") is not None
-                or "speedup" in summary["arms"][n]]  # fmt: skip
-    for row, (name, arm) in enumerate(measured):
-        color = f"C{names.index(name) % 10}"
-        value = arm.get("speedup")
-        low, high = arm.get("speedup_interval") or (None, None)
-        if value is None:
-            speedups.text(1.0, row, "  not reached", va="center", fontsize=8)
-            continue
-        low = low if low is not None else 0.0
-        xerr = [[value - low], [(high if high is not None else value) - value]]
-        speedups.errorbar([value], [row], xerr=xerr, fmt="o", color=color, capsize=4)
-    speedups.axvline(1.0, color="black", linewidth=1)
-    speedups.set_yticks(range(len(measured)), [n for n, _ in measured])
-    speedups.set_xlabel(f"speed-up in tokens to the target ({round(100 * summary['interval']['confidence'])}% CI)")
-    speedups.set_title("> 1: reaches the baseline's final loss sooner")
-    speedups.grid(alpha=0.3, axis="x")
-    fig.suptitle(f"{summary['comparison']}: {summary['budget']['tokens_per_run'] / 1e6:.2f}M tokens per run")
+    measured = [n for n in names if "speedup" in summary["arms"][n]]
+    confidence = round(100 * summary["interval"]["confidence"])
+    _intervals(speedups, measured, summary, colors, "speedup", "speedup_interval", reference=1.0)
+    speedups.set_xlabel(f"speed-up in tokens to the target ({confidence}% CI)")
+    speedups.set_title("> 1: reaches the baseline's final loss sooner", fontsize=9)
+    _intervals(deltas, measured, summary, colors, "final_val_loss_difference", "final_val_loss_difference_interval",
+               reference=0.0)  # fmt: skip
+    deltas.set_xlabel(f"final val loss - the baseline's ({confidence}% CI)")
+    deltas.set_title("< 0: ends lower", fontsize=9)
+    fig.suptitle(f"{summary['comparison']}: {summary['budget']['tokens_per_run'] / 1e6:.2f}M tokens per run, "
+                 f"seeds {summary['seeds']}")  # fmt: skip
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _intervals(axes, names: list[str], summary: dict[str, Any], colors: dict[str, str], key: str, interval_key: str,
+               reference: float) -> None:  # fmt: skip
+    """One row per arm: the value, its interval as a bar (an open lower end where it was never reached)."""
+    for row, name in enumerate(names):
+        arm = summary["arms"][name]
+        value = arm.get(key)
+        low, high = arm.get(interval_key) or (None, None)
+        if value is None:
+            axes.annotate("not reached", (reference, row), fontsize=8, va="center", ha="right",
+                          xytext=(-4, 0), textcoords="offset points")  # fmt: skip
+            continue
+        left = value if low is None else low
+        axes.errorbar([value], [row], xerr=[[value - left], [(value if high is None else high) - value]], fmt="o",
+                      color=colors[name], capsize=4)  # fmt: skip
+        if low is None:
+            axes.annotate("lower end: not reached", (value, row), fontsize=7, va="bottom", xytext=(0, 5),
+                          textcoords="offset points")  # fmt: skip
+    axes.axvline(reference, color="black", linewidth=1)
+    axes.set_yticks(range(len(names)), names)
+    axes.set_ylim(-0.5, len(names) - 0.5)
+    axes.grid(alpha=0.3, axis="x")
 
 
 def _zoom(axes, summary: dict[str, Any]) -> None:

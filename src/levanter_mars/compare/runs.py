@@ -9,7 +9,6 @@ would train the very same run.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import math
@@ -26,20 +25,8 @@ from levanter_mars.compare.plan import Outcome, RunKey, run_id
 from levanter_mars.compare.spec import SCHEDULE_FIELDS, CompareConfig, SpecError
 from levanter_mars.training.errors import ExitCode
 from levanter_mars.training.run.metrics import METRICS_FILENAME, read_metrics
-
-#: The run's record of itself, copied beside its checkpoints at the end (for runs on other machines).
-RECORD_DIR = "run-record"
-
-
-def deep_merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """``base`` with ``overrides`` applied; nested mappings merge, anything else replaces."""
-    out = copy.deepcopy(dict(base))
-    for key, value in overrides.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
+from levanter_mars.training.run.record_copy import record_url
+from levanter_mars.training.yaml_sections import deep_merge
 
 
 @dataclass(frozen=True)
@@ -70,8 +57,9 @@ class Layout:
     def metrics_path(self, rid: str) -> str:
         return self.path("runs", rid, METRICS_FILENAME)
 
-    def mirrored_metrics_path(self, rid: str) -> str:
-        return f"{self.checkpoint_base.rstrip('/')}/{rid}/{RECORD_DIR}/{METRICS_FILENAME}"
+    def copied_metrics_url(self, rid: str) -> str:
+        """Where the run's metrics are copied beside its checkpoints when it ends (``training/run/record_copy``)."""
+        return record_url(f"{self.checkpoint_base.rstrip('/')}/{rid}", METRICS_FILENAME)
 
 
 def run_config(spec: CompareConfig, base: Mapping[str, Any], layout: Layout, key: RunKey) -> dict[str, Any]:
@@ -167,7 +155,7 @@ def status_of(exit_code: Optional[int], result: Optional[RunResult], num_train_s
 def read_result(layout: Layout, rid: str, tokens_per_step: int, remote: bool) -> Optional[RunResult]:
     """A run's metrics, from its run directory, or from the copy beside its checkpoints (``remote``: runs on other
     machines, whose run directory is on their host 0)."""
-    records = _metrics(layout.mirrored_metrics_path(rid)) if remote else read_metrics(layout.metrics_path(rid))
+    records = _metrics(layout.copied_metrics_url(rid)) if remote else read_metrics(layout.metrics_path(rid))
     if not records:
         return None
     evals = [(int(r["step"]) + 1, _finite(r["eval/loss"])) for r in records if "eval/loss" in r]

@@ -93,6 +93,8 @@ class CompareConfig:
     num_slices: int = 1
     address: Optional[str] = None
     """The Ray cluster's dashboard address for launched runs (see the launcher)."""
+    dry_run: bool = False
+    """Check every run's config and print the runs planned so far with their commands; run nothing."""
 
     @property
     def tuning_seeds(self) -> list[int]:
@@ -201,7 +203,7 @@ def parse(argv: Sequence[str]) -> tuple[CompareConfig, list[str], str]:
 
 
 #: Training fields a comparison sets for each run: an override of one would break the comparison's design.
-_OWN_FIELDS = ("--optimizer.", "--trainer.seed", "--trainer.id", "--data_seed", "--fresh")
+_OWN_FIELDS = ("--optimizer.", "--trainer.seed", "--trainer.id", "--trainer.log_dir", "--data_seed", "--fresh")
 
 
 def _check_overrides(overrides: Sequence[str]) -> None:

@@ -31,14 +31,15 @@ def main(argv: Sequence[str]) -> int:
     spec, overrides, spec_path = parse(argv)
     # Light imports above: a bad spec is reported without loading Levanter.
     from levanter_mars.compare import comparison as comparisons
-    from levanter_mars.compare.outputs import write_all
-    from levanter_mars.compare.summary import summarize
 
     comparison = comparisons.open_comparison(spec, overrides)
     plan = comparison.plan()
     reused = sum(1 for k in plan.runs if k in comparison.records and comparison.records[k].status != "failed")
     _report(f"comparison {spec.name}: {len(plan.runs)} runs planned so far, {reused} done before; "
             f"output in {spec.output_dir}")  # fmt: skip
+    if spec.dry_run:
+        print(comparisons.describe_plan(comparison, plan))
+        return 0
     comparisons.prepare_shared(comparison)
     try:
         plan = comparisons.run_missing(comparison, _report)

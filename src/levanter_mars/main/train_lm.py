@@ -28,7 +28,7 @@ from levanter_mars.training.data import cache_check, pydocs_corpus
 from levanter_mars.training.data import sources as data
 from levanter_mars.training.errors import ERROR_EXIT_CODES, ExitCode
 from levanter_mars.training.lm import train_lm
-from levanter_mars.training.run import fresh, goodput_clock
+from levanter_mars.training.run import fresh, goodput_clock, record_copy
 from levanter_mars.training.run.goodput import GoodputRecord
 from levanter_mars.training.run.identity import checkpoint_dir, describe_run, run_dir, stable_run_id
 from levanter_mars.training.run.launch_id import LAUNCH_ID_ENV
@@ -83,7 +83,11 @@ def main(config: TrainAndEvalConfig) -> Optional[RunSummary]:
         raise
     if record is not None:
         record.close(ExitCode.DONE, "done")
-    return summarize(config) if distributed.is_leader() else None
+    if not distributed.is_leader():
+        return None
+    summary = summarize(config)
+    record_copy.copy_beside_checkpoints(config)  # what outlives host 0's disk, for whoever reads the run elsewhere
+    return summary
 
 
 def _eval_hooks(config: TrainAndEvalConfig, record: Optional[GoodputRecord]):

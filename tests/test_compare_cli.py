@@ -1,0 +1,169 @@
+"""A nano comparison through the CLI, as a user runs it (``python -m levanter_mars.main.compare``): AdamW against
+MARS-AdamW, 2 grid points each, 2 seeds, a few steps, one of MARS-AdamW's points diverging.
+
+One comparison serves every test here: it is stopped (Ctrl-C) once its first run has ended, then the same command
+finishes it, and a copy with one run removed is finished again on the local pod. Held: no completed run is trained
+again and each step of each run is in its metrics once; the diverged point is recorded as such and loses; the
+figures in ``compare.json`` are the definitions applied to the runs' own curves; the run trained on the local pod
+has the same losses as the one trained alone.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from levanter_mars.compare.measure import Curve, mean_curve, tokens_to_target
+from levanter_mars.training.data.pydocs_corpus import config_section
+from levanter_mars.training.run.metrics import read_metrics
+from levanter_mars.training.run.record_copy import RECORD_DIR
+from levanter_mars.training.yaml_sections import deep_merge
+from tests.helpers.processes import REPO, _env
+from tests.helpers.training import POLL_S, TINY_CONFIG
+
+pytestmark = pytest.mark.slow
+
+STEPS = 12
+DIVERGING = 1e30  # learning rate: the parameters overflow within a few steps, the run stops with exit 3
+
+
+def compare_command(spec: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "levanter_mars.main.compare", "--config_path", str(spec), *extra]
+
+
+def run_compare(spec: Path, *extra: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(compare_command(spec, *extra), cwd=REPO, env=_env(), capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+
+
+def started(output: str) -> list[str]:
+    return [line.split()[1] for line in output.splitlines() if line.startswith("starting ")]
+
+
+@pytest.fixture(scope="module")
+def nano(tmp_path_factory, pydocs_corpus):
+    """The shipped nano spec on the session's corpus, a few steps, with a diverging point; stopped after its first
+    run, then finished. Returns (spec path, output dir, first stderr, second CompletedProcess)."""
+    work = tmp_path_factory.mktemp("compare")
+    base = deep_merge(yaml.safe_load(TINY_CONFIG.read_text()), config_section(pydocs_corpus))
+    (work / "base.yaml").write_text(yaml.safe_dump(base))
+    spec = yaml.safe_load((REPO / "config" / "compare" / "nano.yaml").read_text())
+    assert "nano" in spec["name"]
+    spec.update(base="base.yaml", output_dir=str(work / "out"))
+    spec["base_overrides"] = deep_merge(spec["base_overrides"], {"trainer": {
+        "num_train_steps": STEPS, "steps_per_eval": 4, "nonfinite": "stop"}})  # fmt: skip
+    spec["arms"][1]["grid"]["learning_rate"] = [spec["arms"][1]["grid"]["learning_rate"][1], DIVERGING]
+    path = work / "nano.yaml"
+    path.write_text(yaml.safe_dump(spec))
+
+    first = subprocess.Popen(compare_command(path), cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    records = work / "out" / "records"
+    deadline = time.monotonic() + 600
+    while not (records.exists() and any(records.glob("*.json"))):
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(POLL_S)
+    first.send_signal(signal.SIGINT)  # Ctrl-C
+    _, first_err = first.communicate(timeout=120)
+    assert first.returncode == 130, first_err
+    interrupted = {p.stem: p.read_text() for p in records.glob("*.json")}
+    second = run_compare(path)
+    return path, work / "out", first_err, interrupted, second
+
+
+def test_a_stopped_comparison_finishes_without_training_a_run_twice(nano):
+    spec, out, first_err, interrupted, second = nano
+    assert second.returncode == 0, second.stderr[-5000:]
+    assert "interrupted: the runs were stopped" in first_err
+    # What had ended before Ctrl-C is read back, its record untouched; nothing else was complete then.
+    again = set(started(second.stderr))
+    assert interrupted and not again & set(interrupted), (interrupted.keys(), again)
+    for rid, text in interrupted.items():
+        assert (out / "records" / f"{rid}.json").read_text() == text
+    summary = json.loads((out / "compare.json").read_text())
+    assert summary["complete"] and len(summary["runs"]) == 6  # 2 arms x 2 points on seed 0, 2 best points on seed 1
+    for run in summary["runs"]:
+        metrics = read_metrics(out / "runs" / run["run_id"] / "metrics.jsonl")
+        steps = [r["step"] for r in metrics]
+        if run["status"] == "ok":
+            assert steps == list(range(STEPS)), (run["run_id"], steps)  # each step once, resumed or not
+            copied = out / "checkpoints" / run["run_id"] / RECORD_DIR / "metrics.jsonl"
+            assert copied.read_text() == (out / "runs" / run["run_id"] / "metrics.jsonl").read_text()
+        else:
+            assert len(steps) == len(set(steps)), (run["run_id"], steps)
+
+
+def test_a_diverged_point_is_recorded_loses_and_the_comparison_goes_on(nano):
+    _, out, _, _, _ = nano
+    summary = json.loads((out / "compare.json").read_text())
+    mars = summary["arms"]["mars-adamw"]
+    diverged = [r for r in summary["runs"] if r["point"] == {"learning_rate": DIVERGING}]
+    assert [(r["status"], r["exit_code"]) for r in diverged] == [("diverged", 3)]
+    assert mars["diverged_points"] == ["lr1e_30"] and mars["best_point"] == {"learning_rate": 1e-2}
+    # Two points per arm: whichever is best is at an edge of its grid, and every output says so.
+    for name, arm in summary["arms"].items():
+        assert arm["edge"] == {"learning_rate": "high" if arm["best_point"]["learning_rate"] == max(
+            p["point"]["learning_rate"] for p in arm["points"]) else "low"}, name
+    table = (out / "compare.md").read_text()
+    assert "best at grid edge: learning_rate" in table and "diverged: lr1e_30" in table
+    assert (out / "compare.png").stat().st_size > 20_000
+
+
+def test_the_figures_are_the_definitions_applied_to_the_runs(nano):
+    _, out, _, _, _ = nano
+    summary = json.loads((out / "compare.json").read_text())
+    runs = {(r["arm"], json.dumps(r["point"]), r["seed"]): r for r in summary["runs"]}
+
+    def best_curves(arm):
+        point = json.dumps(summary["arms"][arm]["best_point"])
+        return [Curve(tuple(runs[(arm, point, s)]["eval_tokens"]), tuple(runs[(arm, point, s)]["eval_losses"]))
+                for s in summary["seeds"]]  # fmt: skip
+
+    baseline, mars = best_curves("adamw"), best_curves("mars-adamw")
+    target = sum(c.losses[-1] for c in baseline) / len(baseline)
+    assert summary["target_val_loss"] == pytest.approx(target)
+    assert summary["budget"]["tokens_per_run"] == STEPS * 8 * 64 == baseline[0].tokens[-1]
+    base_tokens = tokens_to_target(mean_curve(baseline), target)
+    arm_tokens = tokens_to_target(mean_curve(mars), target)
+    entry = summary["arms"]["mars-adamw"]
+    assert entry["tokens_to_target"] == arm_tokens
+    assert entry["speedup"] == (None if arm_tokens is None else pytest.approx(base_tokens / arm_tokens))
+    assert entry["final_val_loss_difference"] == pytest.approx(sum(c.losses[-1] for c in mars) / 2 - target)
+    low, high = entry["final_val_loss_difference_interval"]
+    assert low <= entry["final_val_loss_difference"] <= high
+    assert summary["arms"]["adamw"]["speedup"] == 1.0
+    assert all(summary["arms"][a]["seconds_per_token"] > 0 for a in ("adamw", "mars-adamw"))
+    assert summary["versions"]["jax"] and summary["command"].startswith("python -m levanter_mars.main.compare")
+
+
+def test_a_missing_run_is_trained_on_the_local_pod_with_the_same_losses(nano, tmp_path):
+    """The same comparison with one completed run removed, finished through the launcher on a one-host local pod:
+    only that run is trained, and its losses are bitwise those of the run trained as a plain process."""
+    spec, out, _, _, _ = nano
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    summary = json.loads((out / "compare.json").read_text())
+    removed = next(r["run_id"] for r in summary["runs"] if r["seed"] == 1 and r["arm"] == "mars-adamw")
+    (copy / "records" / f"{removed}.json").unlink()
+    shutil.rmtree(copy / "runs" / removed)
+    shutil.rmtree(copy / "checkpoints" / removed)
+    proc = run_compare(spec, "--output_dir", str(copy), "--tpu_type", "cpu")
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    assert started(proc.stderr) == [removed], proc.stderr[-3000:]
+    record = json.loads((copy / "records" / f"{removed}.json").read_text())
+    assert record["where"] == "local pod, 1 host(s)" and record["status"] == "ok", record
+
+    def losses(root):
+        return {r["step"]: r["train/loss"] for r in read_metrics(root / "runs" / removed / "metrics.jsonl")}
+
+    assert losses(copy) == losses(out)
+    assert json.loads((copy / "compare.json").read_text())["arms"]["mars-adamw"]["final_val_losses"] == \
+        summary["arms"]["mars-adamw"]["final_val_losses"]

@@ -50,6 +50,7 @@ def _assert_nothing_started(tmp_path):
         ({"model": {"num_heads": 3}}, "model.hidden_dim"),
         ({"data": {"tokenizer": "/nonexistent/tokenizer"}}, "data.tokenizer"),
         ({"log_entropy": True}, "log_entropy is not supported"),
+        ({"embedded_corpus_sources": "everything"}, "embedded_corpus_sources must be one of ('stdlib', 'installed')"),
         ({"hf_save_path": "/proc/no-exports-here", "hf_save_steps": 10}, "hf_save_path: cannot write HF exports"),
         ({"data": {"cache_dir": "/nonexistent/cache", "train_urls": ["/nonexistent/train.jsonl"]}},
          "data.train_urls[0]"),

@@ -146,7 +146,8 @@ def test_the_figures_are_the_definitions_applied_to_the_runs(nano):
 
 def test_a_missing_run_is_trained_on_the_local_pod_with_the_same_losses(nano, tmp_path):
     """The same comparison with one completed run removed, finished through the launcher on a one-host local pod:
-    only that run is trained, and its losses are bitwise those of the run trained as a plain process."""
+    only that run is trained, and its losses are bitwise those of the run trained as a plain process. Then the eval
+    suite runs on each arm's best point, every seed, in one table of seed means."""
     spec, out, _, _, _ = nano
     copy = tmp_path / "out"
     shutil.copytree(out, copy)
@@ -155,7 +156,8 @@ def test_a_missing_run_is_trained_on_the_local_pod_with_the_same_losses(nano, tm
     (copy / "records" / f"{removed}.json").unlink()
     shutil.rmtree(copy / "runs" / removed)
     shutil.rmtree(copy / "checkpoints" / removed)
-    proc = run_compare(spec, "--output_dir", str(copy), "--tpu_type", "cpu")
+    suite = REPO / "config" / "eval" / "pydocs_offline.yaml"
+    proc = run_compare(spec, "--output_dir", str(copy), "--tpu_type", "cpu", "--eval_suite", str(suite))
     assert proc.returncode == 0, proc.stderr[-5000:]
     assert started(proc.stderr) == [removed], proc.stderr[-3000:]
     record = json.loads((copy / "records" / f"{removed}.json").read_text())
@@ -165,5 +167,19 @@ def test_a_missing_run_is_trained_on_the_local_pod_with_the_same_losses(nano, tm
         return {r["step"]: r["train/loss"] for r in read_metrics(root / "runs" / removed / "metrics.jsonl")}
 
     assert losses(copy) == losses(out)
-    assert json.loads((copy / "compare.json").read_text())["arms"]["mars-adamw"]["final_val_losses"] == \
-        summary["arms"]["mars-adamw"]["final_val_losses"]
+    finished = json.loads((copy / "compare.json").read_text())
+    assert finished["arms"]["mars-adamw"]["final_val_losses"] == summary["arms"]["mars-adamw"]["final_val_losses"]
+
+    # The eval table: each arm's row is the mean of its seeds' accuracies, as each evaluation wrote them.
+    table = finished["eval_suite"]["table"]
+    for arm in ("adamw", "mars-adamw"):
+        point = summary["arms"][arm]["best_label"]
+        accuracies = [json.loads((copy / "evals" / f"{spec_name(spec)}-{arm}-{point}-s{seed}" / "results.json")
+                                 .read_text())["results"]["pydocs_mc"]["acc,none"] for seed in summary["seeds"]]
+        row = next(line for line in table.splitlines() if line.startswith(f"| {arm} |"))
+        assert row.split("|")[2].strip() == f"{100 * sum(accuracies) / len(accuracies):.2f}", (row, accuracies)
+    assert "Downstream evals" in (copy / "compare.md").read_text()
+
+
+def spec_name(spec: Path) -> str:
+    return yaml.safe_load(spec.read_text())["name"]

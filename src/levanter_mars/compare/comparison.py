@@ -73,6 +73,8 @@ def open_comparison(spec: CompareConfig, overrides: Sequence[str]) -> Comparison
     # An override may move the checkpoints (a bucket on a pod): the runs' records are read from where they are.
     layout = dataclasses.replace(layout, checkpoint_base=first_config.trainer.checkpointer.base_path)
     comparison = Comparison(spec, list(overrides), base, layout, budget, checked={(k.arm, k.point) for k in keys})
+    if comparison.remote:
+        execute.shipped_path(layout.config_path(run_id(spec, first.runs[0])))  # refused now, not at the first launch
     _read_back(comparison)
     return comparison
 

@@ -39,7 +39,9 @@ def training_command(spec: CompareConfig, config_path: str, overrides: Sequence[
     """The command of one run: the training program itself, or the launcher with the spec's slice."""
     if spec.tpu_type is None:
         return [sys.executable, "-m", "levanter_mars.main.train_lm", "--config_path", config_path, *overrides]
-    command = [sys.executable, "-m", "levanter_mars.infra.launch", "--config_path", shipped_path(config_path),
+    # The local engine runs in this directory; a TPU slice's hosts in the working directory the launcher ships.
+    path = config_path if spec.tpu_type == "cpu" else shipped_path(config_path)
+    command = [sys.executable, "-m", "levanter_mars.infra.launch", "--config_path", path,
                "--tpu_type", spec.tpu_type, "--num_slices", str(spec.num_slices)]  # fmt: skip
     if spec.tpu_type == "cpu":
         command += ["--num_hosts", str(spec.num_hosts)]

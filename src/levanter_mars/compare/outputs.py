@@ -127,6 +127,8 @@ def markdown(summary: dict[str, Any]) -> str:
         markdown_table(grid_rows(summary), [("arm", "arm"), ("point", "grid point"),
                                           ("loss", "mean final val loss (tuning seeds)"), ("status", "runs")],
                      title="Tuning: every grid point on the tuning seeds"),  # fmt: skip
+        *([f"Downstream evals ({summary['eval_suite']['suite']}), each arm's best point on every seed:\n\n"
+           + summary["eval_suite"]["table"]] if summary.get("eval_suite") else []),
         "Definitions:\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in summary["definitions"].items()) + "\n",
         f"Made by `{summary['command']}` with {_versions(summary['versions'])}.\n",
     ]

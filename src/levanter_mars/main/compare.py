@@ -47,7 +47,17 @@ def main(argv: Sequence[str]) -> int:
         _report("interrupted: the runs were stopped; rerun the same command to finish (runs resume)")
         _write(comparison, comparison.plan(), spec_path)
         return 130
-    paths = _write(comparison, plan, spec_path)
+    evals = None
+    if spec.eval_suite and plan.done:
+        from levanter_mars.compare import evals as arm_evals
+
+        try:
+            evals = arm_evals.table(comparison, arm_evals.evaluate_arms(comparison, plan, _report))
+        except RuntimeError as e:
+            _report(f"error: {e}")
+            _write(comparison, plan, spec_path)
+            return 1
+    paths = _write(comparison, plan, spec_path, evals)
     print(open(paths["md"]).read())
     print("\n".join(f"{name}: {path}" for name, path in paths.items()))
     if not plan.done:
@@ -58,11 +68,14 @@ def main(argv: Sequence[str]) -> int:
     return 0
 
 
-def _write(comparison, plan, spec_path: str) -> dict[str, str]:
+def _write(comparison, plan, spec_path: str, evals: Optional[str] = None) -> dict[str, str]:
     from levanter_mars.compare.outputs import write_all
     from levanter_mars.compare.summary import summarize
 
-    return write_all(summarize(comparison, plan, spec_path), comparison.spec.output_dir)
+    summary = summarize(comparison, plan, spec_path)
+    if evals is not None:
+        summary["eval_suite"] = {"suite": comparison.spec.eval_suite, "table": evals}
+    return write_all(summary, comparison.spec.output_dir)
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:

@@ -5,10 +5,11 @@ MARS-M approx) written by main at that commit, and the losses those runs went on
 
 * 949b23f, before the global clip was folded into the MARS transformations (issue 14): the stored previous gradient
   is the clipped one, or the previous parameters;
-* f18f19f, the last main whose ``mars()``/``mars_m()`` kept an ``optax.identity()`` slot at the head of their chain.
+* f18f19f, the last main whose ``mars()``/``mars_m()`` kept an ``optax.identity()`` slot at the head of their chain;
+* bb2aef0, the last main whose non-finite guard state had no count of the output values it keeps out.
 
-Both store the MARS state at chain position 1, where today's chain has it at 0: resumed by today's code, each run is
-migrated on load (``training/checkpointing/migrations.py``) and must log the old run's losses. Only float rounding
+The first two store the MARS state at chain position 1, where today's chain has it at 0, and all three store the
+guard's state without its count: resumed by today's code, each run is migrated on load (``training/checkpointing/migrations.py``) and must log the old run's losses. Only float rounding
 differs (1.4e-7 of the loss at worst when this test was written; the loss falls by about 3% a step here, so a state
 loaded wrongly, such as moments restarted from zero, shows at once).
 """
@@ -24,7 +25,7 @@ import pytest
 from tests.helpers.training import describe_failure, losses, run_paths, run_python, start_cli, tiny_config
 
 DATA = Path(__file__).parent / "data"
-OLD_MAINS = ("949b23f", "f18f19f")
+OLD_MAINS = ("949b23f", "f18f19f", "bb2aef0")
 RESUMED_STEP = 20
 MODES = {
     "approx": {},

@@ -55,35 +55,70 @@ def test_finite_steps_pass_through_unchanged():
     assert int(s_guard.skipped_steps) == 0
 
 
-def test_nonfinite_optimizer_state_is_not_propagated():
+def test_a_nonfinite_value_in_the_optimizer_state_is_kept_out_of_what_is_written():
+    """Finite gradients, a NaN already in a moment (as only a state from outside could hold): the step is taken, the
+    NaN is replaced by zero where it is written, every other value is what the step computes."""
     params = _params()
     tx = skip_nonfinite_updates(mars(1e-2))
     state = tx.init(params)
     _, state = tx.update(_grads(1), state, params)
     mars_state = _mars_state(state)
     broken_mu = {**mars_state.mu, "w": mars_state.mu["w"].at[0, 0].set(jnp.nan)}
-    broken = jax.tree.map(lambda x: x, state, is_leaf=lambda x: isinstance(x, ScaleByMarsState))
-    broken = NonFiniteGuardState(
-        jax.tree.map(lambda s: s._replace(mu=broken_mu) if isinstance(s, ScaleByMarsState) else s,
-                     broken.inner_state, is_leaf=lambda x: isinstance(x, ScaleByMarsState)),
-        broken.skipped_steps, broken.consecutive_skips,
-    )
+    broken = state._replace(inner_state=jax.tree.map(
+        lambda s: s._replace(mu=broken_mu) if isinstance(s, ScaleByMarsState) else s, state.inner_state,
+        is_leaf=lambda x: isinstance(x, ScaleByMarsState)))  # fmt: skip
     updates, new_state = tx.update(_grads(2), broken, params)
-    assert all(bool(jnp.all(u == 0)) for u in jax.tree.leaves(updates))
-    assert int(new_state.skipped_steps) == 1
+    assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves((updates, new_state)))
+    assert int(new_state.skipped_steps) == 0 and float(_mars_state(new_state).mu["w"][0, 0]) == 0.0
+    _, healthy = tx.update(_grads(2), state, params)
+    assert bool(jnp.array_equal(_mars_state(new_state).mu["w"][1:], _mars_state(healthy).mu["w"][1:]))
 
 
-def test_exact_mode_nan_in_the_previous_parameter_gradient_is_skipped():
-    """The incoming gradients are finite, but the loss hook's gradient is not: only the output check catches it."""
+@pytest.mark.parametrize("bad", [jnp.nan, jnp.inf])
+def test_exact_mode_nonfinite_second_gradient_alone_skips_the_step(bad):
+    """The incoming gradients are finite, the loss hook's gradient (at the previous parameters) is not: the guard
+    judges that gradient as it is computed, before anything is written: a skipped step, counted as one."""
     params = _params()
     tx = skip_nonfinite_updates(mars(1e-2, exact=True))
     state = tx.init(params)
     fine = lambda p: sum(jnp.sum(x**2) for x in jax.tree.leaves(p))  # noqa: E731
     _, state = tx.update(_grads(1), state, params, obj_fn=fine)
-    broken = lambda p: fine(p) * jnp.nan  # noqa: E731
-    updates, state = tx.update(_grads(2), state, params, obj_fn=broken)
-    assert int(state.skipped_steps) == 1
+
+    def broken(p):  # the same loss, with an Inf (or NaN) slope in one entry of one tensor
+        return fine(p) + bad * p["w"][0, 0]
+
+    updates, after = jax.jit(lambda g, s, p: tx.update(g, s, p, obj_fn=broken))(_grads(2), state, params)
+    assert int(after.skipped_steps) == 1 and int(after.consecutive_skips) == 1
+    assert float(after.nonfinite_outputs) == 0.0  # a skipped step writes nothing, so keeps nothing out
     assert all(bool(jnp.all(u == 0)) for u in jax.tree.leaves(updates))
+    assert _tree_equal(after.inner_state, state.inner_state), "no state changes on a skipped step"
+
+
+def test_an_optimizer_that_overflows_on_finite_inputs_writes_nothing_nonfinite_and_is_counted():
+    """optax.trace with a decay of 1e30 overflows float32 by its third step though every gradient is finite: its
+    trace is kept at its last finite value, the update (the trace) is zeroed, the values kept out are counted as
+    nonfinite_outputs, and no step is skipped. Jitted, as in training."""
+    params = _params()
+    tx = skip_nonfinite_updates(optax.trace(decay=1e30))
+    state = tx.init(params)
+    step = jax.jit(tx.update)
+    for seed in range(4):
+        updates, state = step(_grads(seed), state, params)
+        params = optax.apply_updates(params, updates)
+        assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves((params, updates, state)))
+    assert int(state.skipped_steps) == 0
+    # Steps 3 and 4 overflow every value of the trace: 2 x (48 + 6) values kept out, and counted.
+    assert float(state.nonfinite_outputs) == 2 * (48 + 6)
+    assert float(state.hyperparams["nonfinite_outputs"]) == 108
+
+
+def test_an_update_that_takes_a_parameter_past_float_range_is_counted():
+    """A finite update that a parameter cannot take (3e38 + 3e38) is counted as it is applied."""
+    params = {"w": jnp.full((4,), 3e38)}
+    tx = skip_nonfinite_updates(optax.sgd(-3e38))  # a negative rate: +3e38 for a gradient of 1
+    updates, state = tx.update({"w": jnp.ones(4)}, tx.init(params), params)
+    assert bool(jnp.all(jnp.isfinite(updates["w"])))
+    assert float(state.nonfinite_outputs) == 4.0
 
 
 def test_guard_keeps_injected_hyperparameters_visible_for_logging():
@@ -91,7 +126,7 @@ def test_guard_keeps_injected_hyperparameters_visible_for_logging():
     tx = skip_nonfinite_updates(optax.inject_hyperparams(mars)(learning_rate=3e-3))
     state = tx.init(params)
     assert float(state.hyperparams["learning_rate"]) == pytest.approx(3e-3)
-    assert int(state.hyperparams["skipped_steps"]) == 0
+    assert int(state.hyperparams["skipped_steps"]) == 0 and float(state.hyperparams["nonfinite_outputs"]) == 0
 
 
 def _distance_to_optimum_after(tx, spike_at=None, steps=80, spike=1e6):

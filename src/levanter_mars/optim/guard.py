@@ -1,30 +1,52 @@
-"""Skip optimizer steps whose gradients, updates or new state are not finite, and count them."""
+"""The non-finite guard every trainer wraps its optimizer in: decided by the step's inputs, enforced inside the
+update's own pass.
+
+1. **Skip a step whose inputs are not finite.** The decision is made from the incoming gradients (their global norm,
+   which a clipping optimizer computes anyway) and, in exact mode, from the second gradient the loss hook returns. A
+   skipped step is a no-op: zero updates, the previous state kept, counted in ``skipped_steps`` and
+   ``consecutive_skips`` (the trainer stops on them per ``trainer.nonfinite``).
+2. **Write nothing non-finite, ever.** Even with finite inputs an optimizer's own arithmetic can overflow. Each value
+   written (an update, a state buffer) is selected element by element: the new value where it is finite, else the
+   previous state's (an update's: zero). The select is elementwise, so it fuses into the pass that computes the
+   value; no write waits for a reduction over the outputs, and nothing reads the state a second time. Such values are
+   counted (``nonfinite_outputs``, a metric of its own), not skipped.
+
+``optax.apply_if_finite`` and MaxText's spike guard decide from the inputs too; unlike the former, this never gives up
+and applies a non-finite update after too many skips.
+"""
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
 
+from levanter_mars.optim.objective import DifferentiableObjective, as_scalar
+from levanter_mars.optim.writes import Writes, kept_finite, replaced_count
+
 
 class NonFiniteGuardState(NamedTuple):
     """State of :func:`skip_nonfinite_updates`.
 
     ``hyperparams`` forwards the wrapped ``inject_hyperparams`` state's hyperparameters (so Levanter still logs
-    ``optim/learning_rate`` and friends) and adds ``skipped_steps``, logged as ``optim/skipped_steps``.
+    ``optim/learning_rate`` and friends) and adds ``skipped_steps`` and ``nonfinite_outputs``, logged as
+    ``optim/skipped_steps`` and ``optim/nonfinite_outputs``.
     """
 
     inner_state: Any
     skipped_steps: jax.Array
     consecutive_skips: jax.Array
+    nonfinite_outputs: jax.Array
+    """Output values (updates and state) the optimizer computed as NaN/Inf from finite inputs, kept out; a running
+    total (float32: exact to 2**24)."""
 
     @property
     def hyperparams(self) -> dict[str, Any]:
         inner = getattr(self.inner_state, "hyperparams", None) or {}
-        return {**inner, "skipped_steps": self.skipped_steps}
+        return {**inner, "skipped_steps": self.skipped_steps, "nonfinite_outputs": self.nonfinite_outputs}
 
 
 def all_finite(tree: Any) -> jax.Array:
@@ -35,34 +57,84 @@ def all_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
 
 
+def finite_norm(tree: Any) -> jax.Array:
+    """Whether the global norm of ``tree``'s floating-point arrays is finite: false for any NaN/Inf in them (or a norm
+    past float range). The same reduction as ``optax.clip_by_global_norm``'s, so a clipping optimizer shares it."""
+    leaves = [x for x in jax.tree.leaves(tree) if eqx.is_inexact_array(x)]
+    return jnp.isfinite(optax.global_norm(leaves)) if leaves else jnp.array(True)
+
+
+class _CheckedObjective:
+    """The loss hook exact mode receives, reporting whether the gradient it returned was finite."""
+
+    def __init__(self, obj_fn: Callable[[Any], Any], verdicts: list):
+        self._obj_fn = obj_fn
+        self._verdicts = verdicts
+
+    def __call__(self, params: Any) -> Any:
+        return self._obj_fn(params)
+
+    def value_and_grad(self, params: Any) -> tuple[Any, Any]:
+        if isinstance(self._obj_fn, DifferentiableObjective):
+            value, grads = self._obj_fn.value_and_grad(params)
+        else:
+            value, grads = eqx.filter_value_and_grad(lambda p: as_scalar(self._obj_fn(p)))(params)
+        self._verdicts.append(finite_norm(grads))
+        return value, grads
+
+
+def _kept_finite_tree(new: Any, old: Any, take: jax.Array, owned_ids: set[int]) -> tuple[Any, jax.Array]:
+    """``new`` kept finite where its optimizer did not keep it itself (``owned_ids``), and the values replaced."""
+    counts = []
+
+    def select(value, previous):
+        if id(value) in owned_ids:
+            return value
+        written = kept_finite(value, previous, take)
+        counts.append(jnp.where(take, replaced_count(written, value), 0.0))
+        return written
+
+    kept = jax.tree.map(select, new, old)
+    return kept, sum(counts) if counts else jnp.zeros([], jnp.float32)
+
+
+def _updates_kept_finite(updates: Any, params: Any, take: jax.Array) -> tuple[Any, jax.Array]:
+    """Updates where ``take`` and finite, else zero; and how many parameters the kept updates take past float
+    range, counted from ``params + update``, the very sum the trainer writes (so the reduction rides on that write;
+    a count of the updates themselves would not, on XLA:TPU: docs/benchmarks.md)."""
+    kept = jax.tree.map(lambda u: jnp.where(take & jnp.isfinite(u), u, jnp.zeros_like(u)), updates)
+    if params is None:
+        return kept, jnp.zeros([], jnp.float32)
+    overflow = [jnp.sum(jnp.where(jnp.isfinite(p + u), 0.0, 1.0))
+                for p, u in zip(jax.tree.leaves(params), jax.tree.leaves(kept)) if eqx.is_inexact_array(u)]  # fmt: skip
+    return kept, (jnp.where(take, sum(overflow), 0.0) if overflow else jnp.zeros([], jnp.float32))
+
+
 def skip_nonfinite_updates(inner: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
-    """Wraps ``inner`` so that a step with a NaN/Inf anywhere is a no-op.
-
-    The step is skipped when the incoming gradients, the resulting updates or the new optimizer state contain a
-    non-finite value: the updates become zero and the previous state is kept, so nothing non-finite ever reaches
-    the parameters or the optimizer state (and hence a checkpoint). Checking the outputs too matters for MARS: in
-    exact mode the update also depends on a second gradient that the incoming gradients do not show.
-
-    Unlike ``optax.apply_if_finite``, this never gives up and applies a non-finite update after too many skips;
-    the trainer decides whether to stop (``trainer.nonfinite``), reading ``skipped_steps`` and
-    ``consecutive_skips``.
-    """
+    """Wraps ``inner`` so that a step whose inputs hold a NaN/Inf is a no-op, and no NaN/Inf is ever written (see the
+    module docstring). An ``inner`` that takes a ``write`` extra argument (MARS, MARS-M) keeps its own buffers
+    finite inside its pass; every other state value is kept finite here."""
     inner = optax.with_extra_args_support(inner)
 
     def init_fn(params):
         zero = jnp.zeros([], jnp.int32)
-        return NonFiniteGuardState(inner.init(params), zero, zero)
+        return NonFiniteGuardState(inner.init(params), zero, zero, jnp.zeros([], jnp.float32))
 
     def update_fn(updates, state: NonFiniteGuardState, params=None, **extra_args):
-        new_updates, new_inner = inner.update(updates, state.inner_state, params, **extra_args)
-        finite = all_finite(updates) & all_finite(new_updates) & all_finite(new_inner)
-        new_updates = jax.tree.map(lambda u: jnp.where(finite, u, jnp.zeros_like(u)), new_updates)
-        new_inner = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_inner, state.inner_state)
-        skipped = jnp.where(finite, 0, 1).astype(jnp.int32)
+        verdicts = [finite_norm(updates)]
+        if extra_args.get("obj_fn") is not None:
+            extra_args["obj_fn"] = _CheckedObjective(extra_args["obj_fn"], verdicts)
+        write = Writes(verdicts)
+        new_updates, new_inner = inner.update(updates, state.inner_state, params, write=write, **extra_args)
+        take = write.take
+        new_inner, replaced_state = _kept_finite_tree(new_inner, state.inner_state, take, write.owned_ids)
+        new_updates, overflowing = _updates_kept_finite(new_updates, params, take)
+        skipped = jnp.where(take, 0, 1).astype(jnp.int32)
         return new_updates, NonFiniteGuardState(
             new_inner,
             state.skipped_steps + skipped,
-            jnp.where(finite, 0, state.consecutive_skips + 1).astype(jnp.int32),
+            jnp.where(take, 0, state.consecutive_skips + 1).astype(jnp.int32),
+            state.nonfinite_outputs + replaced_state + overflowing,
         )
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)

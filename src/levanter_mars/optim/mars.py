@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import optax
 
 from levanter_mars.optim.fewer_passes import ordered_on_cpu
+from levanter_mars.optim.writes import AS_COMPUTED
 from levanter_mars.optim.hyperparameters import ScalarOrSchedule, validate_mars_hyperparameters, validate_step_sizes
 from levanter_mars.optim.mars_family import (
     ScaleByMarsState,
@@ -49,10 +50,10 @@ from levanter_mars.optim.dimension_numbers import WeightDimensionNumbers, warn_u
 from levanter_mars.optim.tensor_roles import TensorRole, map_roles, tensor_roles
 from levanter_mars.optim.update_rules import (
     adam_moments,
-    amsgrad_denominator_moment,
     mars_adam_direction,
     orthogonalize,
     shampoo_scale,
+    written_amsgrad,
 )
 
 MARS_LABEL = "mars"
@@ -136,7 +137,7 @@ def scale_by_mars(
             has_second_moment=lambda role: _uses_second_moment(role, variant, optimize_1d), amsgrad=amsgrad,
         )
 
-    def update_fn(grads, state: ScaleByMarsState, params=None, *, obj_fn=None, **extra_args):
+    def update_fn(grads, state: ScaleByMarsState, params=None, *, obj_fn=None, write=AS_COMPUTED, **extra_args):
         del extra_args
         roles = roles_of(grads)
         step = begin_step(grads, state, params, obj_fn, gamma=gamma, exact=exact, corrected=corrected, roles=roles,
@@ -144,30 +145,33 @@ def scale_by_mars(
         t, clip = step.t, step.clip
 
         # One layer of one tensor, in float32: (direction, m_t, v_t, max v (amsgrad), the gradient kept as the next
-        # g~_{t-1}).
+        # g~_{t-1}). Each buffer is written through ``write`` (as computed, or kept finite under the non-finite guard),
+        # and the direction is computed from what was written.
         def mars_layer(layout, g, m, v, v_max, g_prev):
             c = clipped_correction(g, g_prev, step, b1)  # c_t = Clip(g_t + gamma b1/(1-b1) (g_t - g~_{t-1}), 1)
-            m = b1 * m + (1 - b1) * c
+            m = write.state(b1 * m + (1 - b1) * c, m)
             if variant == "lion":
                 direction = jnp.sign(m)
             elif variant == "shampoo" and layout.role.is_matrix:
                 # m * (1/(1-b1)), not m/(1-b1): the reference rescales this way, and NS5 amplifies last bits.
                 direction = orthogonalize(m * (1.0 / (1.0 - b1)), layout) * shampoo_scale(layout)
             else:  # MARS-AdamW, and MARS-Shampoo's vectors
-                v = b2 * v + (1 - b2) * c**2
-                v_denominator, v_max = amsgrad_denominator_moment(v, v_max)
+                v = write.state(b2 * v + (1 - b2) * c**2, v)
+                v_denominator, v_max = written_amsgrad(write, v, v_max)
                 direction = mars_adam_direction(m, v_denominator, t, b1, b2, eps)
-            return direction, m, v, v_max, ordered_on_cpu(clip, m, v, v_max) * g
+            g_kept = ordered_on_cpu(clip, m, v, v_max) * g
+            return direction, m, v, v_max, g_kept if exact else write.state(g_kept, g_prev)
 
         def adamw_1d_layer(layout, g, m, v, v_max, g_prev):
-            m, v = adam_moments(clip * g, m, v, b1_1d, b2_1d)
-            v_denominator, v_max = amsgrad_denominator_moment(v, v_max)
+            m_new, v_new = adam_moments(clip * g, m, v, b1_1d, b2_1d)
+            m, v = write.state(m_new, m), write.state(v_new, v)
+            v_denominator, v_max = written_amsgrad(write, v, v_max)
             return mars_adam_direction(m, v_denominator, t, b1_1d, b2_1d, eps), m, v, v_max, None
 
         def update_for(role: TensorRole):
             return mars_layer if _uses_mars(role, optimize_1d) else adamw_1d_layer
 
-        return mars_family_step(update_for, roles, grads, state, params, step.previous, exact=exact)
+        return mars_family_step(update_for, roles, grads, state, params, step.previous, exact=exact, write=write)
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 

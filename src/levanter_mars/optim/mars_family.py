@@ -16,6 +16,7 @@ from levanter_mars.optim.hyperparameters import ScalarOrSchedule, evaluate
 from levanter_mars.optim.objective import objective_gradient
 from levanter_mars.optim.per_tensor import ABSENT, LayerUpdate, map_layer_update
 from levanter_mars.optim.tensor_roles import TensorRole, map_roles
+from levanter_mars.optim.writes import AS_COMPUTED, Writes
 
 
 class ScaleByMarsState(NamedTuple):
@@ -134,15 +135,18 @@ def clipped_correction(g: jax.Array, g_prev: Any, step: StepContext, b1: float) 
 
 def mars_family_step(
     update_for: Callable[[TensorRole], LayerUpdate], roles: Any, grads: Any, state: ScaleByMarsState, params: Any,
-    previous: PreviousGradient, *, exact: bool,
+    previous: PreviousGradient, *, exact: bool, write: Writes = AS_COMPUTED,
 ) -> tuple[Any, ScaleByMarsState]:
     """Runs ``update_for(role)`` on every layer of every tensor; returns (directions, new state).
 
     The layer update's last output is the new previous gradient (approx); exact mode stores the parameters instead.
+    The layers (``update_for``'s) write their moments, and approx the previous gradient, through ``write``: so it is
+    told.
     """
     replaced_prev = map_roles(lambda role, g: ABSENT, roles, grads) if exact else state.prev
     out = map_layer_update(update_for, roles, grads, state.mu, state.nu, state.nu_max, previous.gradient,
                            replaced_prev)
     prev = jax.tree.map(lambda p, old: p.astype(old.dtype), params, state.prev) if exact else out.prev
+    write.report((out.mu, out.nu, out.nu_max, () if exact else out.prev))
     return out.direction, ScaleByMarsState(count=optax.safe_increment(state.count), mu=out.mu, nu=out.nu, prev=prev,
                                            nu_max=out.nu_max)

@@ -28,6 +28,7 @@ import jax
 import optax
 
 from levanter_mars.optim.fewer_passes import ordered_on_cpu
+from levanter_mars.optim.writes import AS_COMPUTED
 from levanter_mars.optim.hyperparameters import ScalarOrSchedule, validate_mars_m_hyperparameters, validate_step_sizes
 from levanter_mars.optim.mars_family import (
     ScaleByMarsState,
@@ -123,7 +124,7 @@ def scale_by_mars_m(
             prev_dtype=prev_dtype, has_second_moment=lambda role: not role.is_matrix,
         )
 
-    def update_fn(grads, state: ScaleByMarsState, params=None, *, obj_fn=None, **extra_args):
+    def update_fn(grads, state: ScaleByMarsState, params=None, *, obj_fn=None, write=AS_COMPUTED, **extra_args):
         del extra_args
         roles = mars_m_roles(grads, matrix_mask, weight_dimension_numbers)
         step = begin_step(grads, state, params, obj_fn, gamma=gamma, exact=exact, corrected=corrected, roles=roles,
@@ -131,21 +132,24 @@ def scale_by_mars_m(
         t, gamma_t, clip = step.t, step.gamma, step.clip
 
         # One layer of one tensor, in float32: (direction, m_t, v_t, max v (MARS-M has no amsgrad: None), the
-        # gradient kept as the next g~_{t-1}).
+        # gradient kept as the next g~_{t-1}). Buffers are written through ``write`` (kept finite under the
+        # non-finite guard), directions computed from what was written.
         def mars_m_layer(layout, g, m, v, v_max, g_prev):
             c = clipped_correction(g, g_prev, step, b1)  # c_t = Clip(g_t + gamma b1/(1-b1) (g_t - g~_{t-1}), 1)
-            m = b1 * m + (1 - b1) * c
+            m = write.state(b1 * m + (1 - b1) * c, m)
             direction = moonlight_scale(layout) * orthogonalize(m, layout, ns_steps)
-            return direction, m, v, None, ordered_on_cpu(clip, m) * g
+            g_kept = ordered_on_cpu(clip, m) * g
+            return direction, m, v, None, g_kept if exact else write.state(g_kept, g_prev)
 
         def efficient_layer(layout, g, m, v, v_max, g_prev):
             # b_t = b1 b_{t-1} + (1-gamma)(1-b1)/b1 g_t; gamma g_t + b1 b_t is m_t without the clip.
             g = clip * g
-            m = b1 * m + ((1 - gamma_t) * (1 - b1) / b1) * g
+            m = write.state(b1 * m + ((1 - gamma_t) * (1 - b1) / b1) * g, m)
             return moonlight_scale(layout) * orthogonalize(gamma_t * g + b1 * m, layout, ns_steps), m, v, None, None
 
         def adamw_layer(layout, g, m, v, v_max, g_prev):
-            m, v = adam_moments(clip * g, m, v, b1_adamw, b2_adamw)
+            m_new, v_new = adam_moments(clip * g, m, v, b1_adamw, b2_adamw)
+            m, v = write.state(m_new, m), write.state(v_new, v)
             return mars_m_adam_direction(m, v, t, b1_adamw, b2_adamw, eps), m, v, None, None
 
         def update_for(role: TensorRole):
@@ -153,7 +157,7 @@ def scale_by_mars_m(
                 return adamw_layer
             return efficient_layer if efficient else mars_m_layer
 
-        return mars_family_step(update_for, roles, grads, state, params, step.previous, exact=exact)
+        return mars_family_step(update_for, roles, grads, state, params, step.previous, exact=exact, write=write)
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 

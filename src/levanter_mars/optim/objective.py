@@ -17,7 +17,7 @@ class DifferentiableObjective(Protocol):
     def value_and_grad(self, params: Any) -> tuple[Any, Any]: ...
 
 
-def _as_scalar(value: Any) -> Any:
+def as_scalar(value: Any) -> Any:
     return value.scalar() if hax.is_named_array(value) else value
 
 
@@ -30,4 +30,4 @@ def objective_gradient(obj_fn: Callable[[Any], Any], params: Any) -> Any:
     """
     if isinstance(obj_fn, DifferentiableObjective):
         return obj_fn.value_and_grad(params)[1]
-    return eqx.filter_grad(lambda p: _as_scalar(obj_fn(p)))(params)
+    return eqx.filter_grad(lambda p: as_scalar(obj_fn(p)))(params)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from levanter_mars.optim.newton_schulz import newton_schulz5
 from levanter_mars.optim.tensor_roles import TensorRole
+from levanter_mars.optim.writes import Writes
 
 
 def adam_moments(g: jax.Array, m: jax.Array, v: jax.Array, b1: float, b2: float) -> tuple[jax.Array, jax.Array]:
@@ -27,6 +28,15 @@ def amsgrad_denominator_moment(v: jax.Array, v_max: jax.Array | None) -> tuple[j
         return v, None
     v_max = jnp.maximum(v_max, v)
     return v_max, v_max
+
+
+def written_amsgrad(write: Writes, v: jax.Array, v_max: jax.Array | None) -> tuple[jax.Array, jax.Array | None]:
+    """:func:`amsgrad_denominator_moment`, the new running maximum written through ``write`` (:mod:`.writes`)."""
+    if v_max is None:
+        return amsgrad_denominator_moment(v, None)
+    _, new_max = amsgrad_denominator_moment(v, v_max)
+    new_max = write.state(new_max, v_max)
+    return new_max, new_max
 
 
 def mars_adam_direction(m: jax.Array, v: jax.Array, t: jax.Array, b1: float, b2: float, eps: float) -> jax.Array:

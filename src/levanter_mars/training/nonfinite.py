@@ -15,17 +15,20 @@ NONFINITE_POLICIES = ("skip", "stop")
 
 
 class NonFiniteMonitor(Callback):
-    """Runs before the checkpointer: reports skipped steps and stops the run when the policy says so."""
+    """Runs before the checkpointer: reports skipped steps (and values the optimizer computed non-finite from finite
+    inputs, which the guard kept out) and stops the run when the policy says so."""
 
     def __init__(self, policy: str, max_consecutive: int):
         self.policy = policy
         self.max_consecutive = max_consecutive
         self._seen = None
+        self._outputs_seen = None
 
     def on_step(self, info, force: bool = False):
         guard = info.state.opt_state
         if not isinstance(guard, NonFiniteGuardState):
             return
+        self._report_outputs(info.step, float(guard.nonfinite_outputs))
         skipped, consecutive = int(guard.skipped_steps), int(guard.consecutive_skips)
         if self._seen is None:
             self._seen = skipped - (1 if consecutive else 0)
@@ -33,8 +36,8 @@ class NonFiniteMonitor(Callback):
             return
         self._seen = skipped
         message = (
-            f"step {info.step}: NaN/Inf in the loss (= {info.loss}), gradients, update or optimizer state; the "
-            f"update was skipped ({skipped} skipped so far, {consecutive} in a row)"
+            f"step {info.step}: NaN/Inf in the gradients (loss = {info.loss}); the update was skipped ({skipped} "
+            f"skipped so far, {consecutive} in a row)"
         )
         if self.policy == "stop":
             raise NonFiniteTrainingError(
@@ -46,3 +49,12 @@ class NonFiniteMonitor(Callback):
                 message + f". Stopping: trainer.max_consecutive_nonfinite={self.max_consecutive} reached."
             )
         logger.warning(message)
+
+    def _report_outputs(self, step: int, total: float) -> None:
+        previous, self._outputs_seen = self._outputs_seen, total
+        if previous is not None and total > previous:
+            logger.warning(
+                "step %d: the optimizer computed %d value(s) as NaN/Inf from finite inputs; each was kept out (the "
+                "previous value written instead) and counted in optim/nonfinite_outputs (%d so far)",
+                step, int(total - previous), int(total),
+            )  # fmt: skip

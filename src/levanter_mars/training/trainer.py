@@ -7,8 +7,9 @@
 * Resume follows the :class:`~levanter_mars.training.checkpointing.resume.ResumePlan` process 0 made: every host loads the same
   checkpoint, or all move on to the previous one together. A checkpoint in an earlier main's optimizer-state layout is
   migrated as it loads (:mod:`~levanter_mars.training.checkpointing.migrations`).
-* Non-finite steps are skipped (and counted as ``optim/skipped_steps``) or stop the run, per ``trainer.nonfinite``;
-  a non-finite state is never written to a checkpoint.
+* A step whose gradients are not finite is skipped (counted as ``optim/skipped_steps``) or stops the run, per
+  ``trainer.nonfinite``; values the optimizer computes as NaN/Inf from finite inputs are kept out where they are
+  written and counted (``optim/nonfinite_outputs``); a non-finite state is never written to a checkpoint.
 * The final checkpoint is written, and a run whose data runs out early says so.
 * Where the time goes: training, checkpointing and (the evaluation hooks mark their own) evaluation count to their
   phases of the process's goodput clock; process 0 keeps the run's goodput record (:mod:`..run.goodput`).
@@ -58,8 +59,8 @@ class MarsTrainerConfig(TrainerConfig):
     """Where compiled programs are kept for retries and resumes: a directory or URL, or 'none'. Unset:
     $JAX_COMPILATION_CACHE_DIR if set, else <checkpointer.base_path>/compile-cache (training/compilation_cache.py)."""
     nonfinite: str = "skip"
-    """What a NaN/Inf in the loss, gradients, update or optimizer state does: 'skip' the update (counted as
-    optim/skipped_steps) or 'stop' the run. Either way it never reaches the parameters or a checkpoint."""
+    """What a NaN/Inf in the step's gradients (exact mode: also its second gradient) does: 'skip' the update (counted
+    as optim/skipped_steps) or 'stop' the run. Either way it never reaches the parameters or a checkpoint."""
     max_consecutive_nonfinite: int = 20
     """With nonfinite=skip, stop anyway after this many skipped steps in a row."""
 

@@ -16,9 +16,11 @@ import posixpath
 from typing import Any, Callable, NamedTuple, TypeVar
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from levanter_mars.compat.levanter_training import missing_checkpoint_paths
+from levanter_mars.optim.guard import NonFiniteGuardState
 from levanter_mars.optim.mars_family import ScaleByMarsState
 from levanter_mars.training.errors import CheckpointError
 
@@ -58,11 +60,42 @@ def _without_leading_slot(opt_state: Any) -> Any:
                         is_leaf=_is_slotted_mars_chain)
 
 
+class GuardStateWithoutCount(NamedTuple):
+    """The non-finite guard's state before it counted the output values it keeps out (``nonfinite_outputs``)."""
+
+    inner_state: Any
+    skipped_steps: Any
+    consecutive_skips: Any
+
+
+def _is_guard_state(x: Any) -> bool:
+    return isinstance(x, NonFiniteGuardState)
+
+
+def _without_output_count(opt_state: Any) -> Any:
+    return jax.tree.map(lambda g: GuardStateWithoutCount(g.inner_state, g.skipped_steps, g.consecutive_skips)
+                        if _is_guard_state(g) else g, opt_state, is_leaf=_is_guard_state)  # fmt: skip
+
+
+def _with_output_count(opt_state: Any) -> Any:
+    def counted(g: Any) -> Any:
+        if not isinstance(g, GuardStateWithoutCount):
+            return g
+        return NonFiniteGuardState(g.inner_state, g.skipped_steps, g.consecutive_skips, jnp.zeros([], jnp.float32))
+
+    return jax.tree.map(counted, opt_state, is_leaf=lambda x: isinstance(x, GuardStateWithoutCount))
+
+
 CURRENT = Layout("current", "today's main", lambda s: s, lambda s: s)
+#: The guard's state had no ``nonfinite_outputs``: it is loaded as zero (no value was counted then).
+NO_OUTPUT_COUNT = Layout("no-output-count", "f18f19f's successors to bb2aef0 and after", _without_output_count,
+                         _with_output_count)  # fmt: skip
 #: ``mars()``/``mars_m()`` began their chain with a stateless slot (``clip_by_global_norm`` at 949b23f, then
-#: ``optax.identity()`` once the clip was folded into ``scale_by_mars``), so the MARS state was chain position 1.
-LEADING_SLOT = Layout("leading-slot", "949b23f to f18f19f", _with_leading_slot, _without_leading_slot)
-LAYOUTS = (CURRENT, LEADING_SLOT)
+#: ``optax.identity()`` once the clip was folded into ``scale_by_mars``), so the MARS state was chain position 1; the
+#: guard's state had no output count either.
+LEADING_SLOT = Layout("leading-slot", "949b23f to f18f19f", lambda s: _with_leading_slot(_without_output_count(s)),
+                      lambda s: _with_output_count(_without_leading_slot(s)))  # fmt: skip
+LAYOUTS = (CURRENT, NO_OUTPUT_COUNT, LEADING_SLOT)
 
 
 def load_in_any_layout(path: str, load: Callable[[Layout], State], *, state_dir: str | None = None) -> State:

@@ -18,7 +18,7 @@ BENCHMARKS = REPO / "docs" / "benchmarks"
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # The figure: the last number before the comment, with at most a unit and markdown emphasis in between.
 # ``bench-history:`` cites a record of an earlier compiler, kept as history (scripts/stale_tpu_figures.py leaves it out).
-FIGURE = re.compile(r"(\d+(?:\.\d+)?)(?:\*\*|[×x]|\s|MiB|GiB|ms|bytes/param)*<!-- bench(?:-history)?: (\S+) (\S+) -->")
+FIGURE = re.compile(r"((?<![\w.])-?\d+(?:\.\d+)?)(?:\*\*|[×x]|\s|MiB|GiB|ms|bytes/param)*<!-- bench(?:-history)?: (\S+) (\S+) -->")
 RATIO = re.compile(r"\d+(?:\.\d+)?\s?[×x]\b")
 
 

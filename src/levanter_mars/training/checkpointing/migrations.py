@@ -88,7 +88,7 @@ def _with_output_count(opt_state: Any) -> Any:
 
 CURRENT = Layout("current", "today's main", lambda s: s, lambda s: s)
 #: The guard's state had no ``nonfinite_outputs``: it is loaded as zero (no value was counted then).
-NO_OUTPUT_COUNT = Layout("no-output-count", "f18f19f's successors to bb2aef0 and after", _without_output_count,
+NO_OUTPUT_COUNT = Layout("no-output-count", "f18f19f's successors to 7ab9a95", _without_output_count,
                          _with_output_count)  # fmt: skip
 #: ``mars()``/``mars_m()`` began their chain with a stateless slot (``clip_by_global_norm`` at 949b23f, then
 #: ``optax.identity()`` once the clip was folded into ``scale_by_mars``), so the MARS state was chain position 1; the

@@ -52,3 +52,15 @@ def command_line() -> str:
             pass
         program = [str(script)]
     return shlex.join(["python", *program, *sys.argv[1:]])
+
+
+def source_commit() -> Optional[str]:
+    """The short commit id of the checkout this package runs from (None outside a git checkout)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parent)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None

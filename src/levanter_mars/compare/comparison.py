@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
+from levanter_mars import versions
 from levanter_mars.compare import execute
 from levanter_mars.compare.plan import Outcome, Plan, RunKey, plan, point_label, run_id
 from levanter_mars.compare.runs import (
@@ -220,6 +221,7 @@ def _ended(comparison: Comparison, ended: execute.Ended, report: Callable[[str],
         run_id=ended.run_id, arm=ended.key.arm, point=dict(ended.key.point), seed=ended.key.seed, status=status,
         exit_code=ended.exit_code, config_digest=config_digest(comparison.config_of(ended.key), comparison.overrides),
         seconds=ended.seconds, where=execute.where(spec), log=layout.log_path(ended.run_id),
+        trained_by=versions.source_commit(),
     )  # fmt: skip
     write_record(layout, record)
     comparison.records[ended.key] = record

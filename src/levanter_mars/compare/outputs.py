@@ -192,8 +192,9 @@ def _intervals(axes, names: list[str], summary: dict[str, Any], colors: dict[str
         value = arm.get(key)
         low, high = arm.get(interval_key) or (None, None)
         if value is None:
-            axes.annotate("not reached", (reference, row), fontsize=8, va="center", ha="right",
-                          xytext=(-4, 0), textcoords="offset points")  # fmt: skip
+            axes.plot([reference], [row], "x", color=colors[name])
+            axes.annotate("not reached within the run", (reference, row), fontsize=8, va="center", ha="left",
+                          xytext=(6, 0), textcoords="offset points")  # fmt: skip
             continue
         left = value if low is None else low
         axes.errorbar([value], [row], xerr=[[value - left], [(value if high is None else high) - value]], fmt="o",

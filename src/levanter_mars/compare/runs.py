@@ -100,6 +100,8 @@ class RunRecord:
     where: str
     """``local``, or the launcher's slice (``cpu x 2 hosts``, ``v4-32``)."""
     log: str
+    trained_by: Optional[str] = None
+    """The levanter-mars commit that ran it (``git describe``-style short id; None where unknown)."""
 
     def outcome(self, final_loss: Optional[float]) -> Outcome:
         return Outcome(self.status, final_loss)

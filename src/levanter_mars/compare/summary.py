@@ -53,6 +53,7 @@ def summarize(comparison: Comparison, plan: Plan, spec_path: str) -> dict[str, A
             "model": budget.model,
         },
         "base": spec.base,
+        "corpus": _corpus(comparison),
         "overrides": comparison.overrides,
         "seeds": spec.seeds,
         "tuning_seeds": spec.tuning_seeds,
@@ -140,6 +141,25 @@ def _against_baseline(comparison: Comparison, name: str, entry: dict, baseline: 
     })  # fmt: skip
 
 
+def _corpus(comparison: Comparison) -> Optional[dict[str, Any]]:
+    """The embedded corpus the runs trained on, from its manifest: sources, documents, characters, tokens, and how many
+    installed distributions it was built from (the manifest lists them)."""
+    import json
+    import os
+
+    config = comparison.config_of(comparison.plan().runs[0])
+    directory = config.get("embedded_corpus")
+    path = os.path.join(directory, "corpus.json") if directory else None
+    if path is None or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        manifest = json.load(f)
+    out = {k: manifest.get(k) for k in ("sources", "documents", "characters", "tokens")}
+    out["directory"] = directory
+    out["distributions"] = len(manifest.get("distributions", []))
+    return out
+
+
 def _run_entry(comparison: Comparison, key: RunKey) -> dict[str, Any]:
     record = comparison.records.get(key)
     result = comparison.results.get(key)
@@ -152,6 +172,9 @@ def _run_entry(comparison: Comparison, key: RunKey) -> dict[str, Any]:
         "exit_code": record.exit_code if record else None,
         "seconds": record.seconds if record else None,
         "where": record.where if record else None,
+        "trained_by": record.trained_by if record else None,
+        "config": comparison.config_of(key),
+        "config_digest": record.config_digest if record else None,
         "final_val_loss": result.curve.final if result else None,
         "seconds_per_token": result.seconds_per_token if result else None,
         "eval_tokens": list(result.curve.tokens) if result else None,
@@ -172,18 +195,8 @@ def _mean(values) -> Optional[float]:
 
 def _versions() -> dict[str, Optional[str]]:
     out = {p: versions.installed(p) for p in ("jax", "jaxlib", "libtpu", "levanter", "haliax", "optax", "equinox")}
-    out["levanter-mars"] = _git_commit()
+    out["levanter-mars"] = versions.source_commit()
     return out
-
-
-def _git_commit() -> Optional[str]:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=__file__.rsplit("/src/", 1)[0]).stdout.strip() or None  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def _machine() -> dict[str, Any]:

@@ -1,0 +1,102 @@
+"""One outcome policy for every launcher: from how each host's training process ended to what the launch does next.
+
+Every launcher (the Ray job's driver, on a TPU pod or the local pod, and the plain-gcloud runner) and pre-flight's
+check pass the exits of an attempt's hosts here, in process order, and act on the :class:`Verdict`:
+
+* **done**: every host exited 0.
+* **stop** with the run's own code: the run decided to stop (``training/errors.py``: a config error, a non-finite stop,
+  exhausted data, a failed eval), which a retry would repeat. A decided code wins over a peer's crash or signal,
+  which it causes (process 0 decides for every host, then the others are torn down). Hosts that decided *different*
+  codes are no decision: the launch gives up, naming them.
+* **retry** what can succeed on a retry: a crash (exit 1), a process ended by a signal (an out-of-memory kill reads
+  as one), a lost host (a preemption); and, a bounded number of times, unusable checkpoint storage (exit 5), which a
+  hiccup of the storage service at an attempt's start makes as surely as a full disk does. Each kind has its budget
+  (:class:`RetryBudget`); past it, the launch gives up.
+* **give up**: a code the training program never exits with (126, 127: a broken image or command) is not retried;
+  nor is anything past its budget.
+
+Light on purpose: the Ray host task and the launchers import it without JAX.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
+
+from levanter_mars.training.errors import DECIDED_STOPS, ExitCode, describe_exit
+
+#: The kinds of retry, each with its own budget.
+FAILURE, PREEMPTION, STORAGE = "failure", "preemption", "storage"
+#: A host lost with its training process (a preempted VM, a dead Ray worker): no exit code.
+LOST = None
+
+
+@dataclass(frozen=True)
+class RetryBudget:
+    failure: int = 3
+    preemption: int = 100
+    storage: int = 2
+
+    def allows(self, kind: str, used: Mapping[str, int]) -> bool:
+        return used.get(kind, 0) < getattr(self, kind)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: str
+    """``done``, ``stop``, ``retry`` or ``give_up``."""
+    exit_code: int
+    """The launch's exit code if it ends now: 0, the run's own code, or 1."""
+    reason: str
+    retry_kind: Optional[str] = None
+    """For ``retry``: which budget the retry draws on."""
+    exits: tuple = field(default=())
+
+    @property
+    def ends(self) -> bool:
+        return self.action != "retry"
+
+
+def describe(code: Optional[int]) -> str:
+    return "host lost" if code is LOST else describe_exit(code)
+
+
+def judge(exits: Sequence[Optional[int]], budget: RetryBudget = RetryBudget(),
+          used: Optional[Mapping[str, int]] = None) -> Verdict:  # fmt: skip
+    """The launch's verdict on an attempt whose hosts (process 0 first) ended with ``exits`` (a code; a negative code
+    is a signal; ``None`` a lost host), given the retries ``used`` so far of each kind."""
+    used = dict(used or {})
+    exits = tuple(exits)
+    said = ", ".join(f"process {i}: {describe(c)}" for i, c in enumerate(exits))
+    if exits and all(c == ExitCode.DONE for c in exits):
+        return Verdict("done", ExitCode.DONE, f"every host finished ({said})", exits=exits)
+    decided = sorted({c for c in exits if c in DECIDED_STOPS})
+    if len(decided) > 1:
+        return Verdict("give_up", ExitCode.CRASH, f"the hosts decided different stops ({said}): no decision of the "
+                       "run; not retried", exits=exits)  # fmt: skip
+    if decided and decided[0] != ExitCode.CHECKPOINT_STORAGE:
+        code = decided[0]
+        return Verdict("stop", code, f"the run stopped with {describe_exit(code)} ({said}); not retried: a retry runs "
+                       "the same config on the same data and stops the same way", exits=exits)  # fmt: skip
+    unknown = sorted({c for c in exits if c is not LOST and c > 0 and c not in set(ExitCode)})
+    if unknown:
+        return Verdict("give_up", ExitCode.CRASH, f"{describe_exit(unknown[0])} is no exit code of the training "
+                       f"program (a broken image or command?) ({said}); not retried", exits=exits)  # fmt: skip
+    if decided:  # unusable checkpoint storage: often a passing failure of the storage service
+        kind, what = STORAGE, "checkpoint storage unusable"
+    elif any(c is LOST for c in exits):
+        kind, what = PREEMPTION, "a host was lost"
+    else:
+        kind, what = FAILURE, "a host crashed or was killed"
+    if not budget.allows(kind, used):
+        final = ExitCode.CHECKPOINT_STORAGE if kind == STORAGE else ExitCode.CRASH
+        return Verdict("give_up", final, f"{what} ({said}), and the {kind} retries are spent "
+                       f"({used.get(kind, 0)} of {getattr(budget, kind)})", exits=exits)  # fmt: skip
+    return Verdict("retry", ExitCode.CRASH, f"{what} ({said}): retried ({kind} {used.get(kind, 0) + 1} of "
+                   f"{getattr(budget, kind)})", retry_kind=kind, exits=exits)  # fmt: skip
+
+
+def signal_exit(name: str) -> int:
+    """The exit of a process ended by signal ``name`` (``"SIGTERM"``), as ``subprocess`` reports it."""
+    return -int(getattr(signal, name))

@@ -51,7 +51,6 @@ def _assert_nothing_started(tmp_path):
         ({"data": {"tokenizer": "/nonexistent/tokenizer"}}, "data.tokenizer"),
         ({"log_entropy": True}, "log_entropy is not supported"),
         ({"embedded_corpus_sources": "everything"}, "embedded_corpus_sources must be one of ('stdlib', 'installed')"),
-        ({"hf_save_path": "/proc/no-exports-here", "hf_save_steps": 10}, "hf_save_path: cannot write HF exports"),
         ({"data": {"cache_dir": "/nonexistent/cache", "train_urls": ["/nonexistent/train.jsonl"]}},
          "data.train_urls[0]"),
     ],
@@ -61,6 +60,16 @@ def test_bad_config_fails_fast_naming_the_field(tmp_path, pydocs_corpus, capsys,
     code, output = run_cli_in_process(capsys, config)
     assert code == 2, output[-2000:]
     assert expected in output, output[-2000:]
+    _assert_nothing_started(tmp_path)
+
+
+def test_storage_the_run_cannot_write_is_exit_5_naming_the_field(tmp_path, pydocs_corpus, capsys):
+    """A failed write probe is unusable storage (5), not a bad config (2): on a pod the same probe fails on a passing
+    failure of the storage service at an attempt's start, which a launcher retries a bounded number of times."""
+    config = tiny_config(tmp_path, pydocs_corpus, "bad", {"hf_save_path": "/proc/no-exports-here", "hf_save_steps": 10})
+    code, output = run_cli_in_process(capsys, config)
+    assert code == 5, output[-2000:]
+    assert "hf_save_path: cannot write HF exports" in output, output[-2000:]
     _assert_nothing_started(tmp_path)
 
 

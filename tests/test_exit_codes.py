@@ -19,8 +19,8 @@ from levanter_mars.training.errors import (
     EvalFailedError,
     ExitCode,
     NonFiniteTrainingError,
-    is_retried,
 )
+from levanter_mars.training.outcome import RetryBudget, judge
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,14 +34,19 @@ def test_each_stop_the_run_decides_has_its_own_code_and_anything_else_is_a_crash
     assert exit_code(error) == code
 
 
-def test_launchers_retry_crashes_and_signals_only():
-    assert [c for c in range(-15, 140) if not is_retried(c)] == [0, 2, 3, 4, 5, 6]
+def test_launchers_retry_crashes_signals_and_storage_only():
+    """On one host, with budgets left: what is retried (training/outcome.py has the whole policy)."""
+    retried = [c for c in range(-15, 160) if judge([c], RetryBudget(), {}).action == "retry"]
+    assert retried == [*range(-15, 0), 1, 5, *range(128, 160)]
     assert DECIDED_STOPS == {2, 3, 4, 5, 6}
 
 
 def test_the_pod_driver_and_the_launcher_end_with_the_runs_own_code(capsys):
-    assert pod.run_exit_code([{"returncode": 0}, {"returncode": 0}]) == 0
-    assert pod.run_exit_code([{"returncode": 3}, {"returncode": 3}]) == 3
+    def results(*codes):
+        return lambda: [{"returncode": c, "process": (0, i)} for i, c in enumerate(codes)]
+
+    assert pod.run_attempts(results(0, 0), RetryBudget()) == 0
+    assert pod.run_attempts(results(3, 3), RetryBudget()) == 3
     assert "exit 3 (nonfinite stop)" in capsys.readouterr().err
     # The launcher reads the driver's exit code: a run's own stop is passed on, anything else is a failure.
     assert [launch.launch_exit_code(c) for c in (2, 3, 4, 5, 6)] == [2, 3, 4, 5, 6]

@@ -173,7 +173,7 @@ def test_failure_reruns_on_the_same_slice_and_credentials_go_through_stdin_only(
     assert len(train_calls) == 8  # 4 hosts x 2 attempts
     assert fake.stdin_seen == [f"WANDB_API_KEY={SECRET}\n".encode()] * 8
     assert not any(SECRET in arg for call in fake.calls for arg in call)
-    assert SECRET not in log and "training failed (1/1)" in log
+    assert SECRET not in log and "retried (failure 1 of 1)" in log
     assert fake.calls[-1][3:5] == ["queued-resources", "delete"]
 
 
@@ -182,7 +182,7 @@ def test_preemption_recreates_the_slice_and_is_counted_separately():
     fake = ScriptedGcloud(attempts=[[255], [0]], preempt_on_attempt=0)
     code, log = run_scripted(plan, fake)
     assert code == 0, log
-    assert fake.creates == 2 and "preempted (1/1)" in log
+    assert fake.creates == 2 and "a host was lost" in log and "retried (preemption 1 of 1)" in log
     deletes = [c for c in fake.calls if c[3:5] == ["queued-resources", "delete"]]
     assert len(deletes) == 2  # the suspended slice, then the finished one
 
@@ -191,7 +191,7 @@ def test_out_of_retries_fails_and_still_deletes_the_slice():
     plan = plan_for("--tpu_type", "v4-8", "--retries", "1")
     fake = ScriptedGcloud(attempts=[[1], [1], [0]])
     code, log = run_scripted(plan, fake)
-    assert code == 1 and "training failed (2/1)" in log
+    assert code == 1 and "the failure retries are spent (1 of 1)" in log
     assert fake.calls[-1][3:5] == ["queued-resources", "delete"]
 
 

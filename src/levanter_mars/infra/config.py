@@ -37,6 +37,9 @@ class JobConfig:
     """Restarts after a failure of the training program (a non-zero exit), each resuming from the newest checkpoint."""
     preemption_retries: int = 100
     """Restarts after a preemption or a lost host, counted separately from ``retries``."""
+    storage_retries: int = 2
+    """Restarts after the run found its checkpoint storage unusable (exit 5: a full disk, or a passing failure of the
+    storage service at an attempt's start), counted separately; past them the launch ends with exit 5."""
     run_id: Optional[str] = None
     """The run id every attempt resumes under. Default: the config's ``trainer.id``, else one derived from it."""
     secret_env: tuple[str, ...] = DEFAULT_SECRET_ENV
@@ -112,3 +115,5 @@ def check(config: JobConfig) -> None:
         raise LaunchError(f"--retries must be >= 0, got {config.retries}")
     if config.preemption_retries < 0:
         raise LaunchError(f"--preemption_retries must be >= 0, got {config.preemption_retries}")
+    if config.storage_retries < 0:
+        raise LaunchError(f"--storage_retries must be >= 0, got {config.storage_retries}")

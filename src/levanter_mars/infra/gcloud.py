@@ -5,10 +5,11 @@
 [--preemption_retries P] [--dry_run] [-- training overrides]``
 
 It creates the queued resource, waits for it, pulls the image on every host, and runs the training command in a
-container on every host over ``gcloud ... ssh``. A non-zero exit while the slice is still ACTIVE is a failure
-(rerun on the same slice); a slice that left ACTIVE was preempted (deleted and created again). Both resume from
-the newest checkpoint under the same run id. A stop the run decided (a config error, a non-finite stop, ...:
-``training/errors.py``) ends the launch at once with the run's own exit code, and every
+container on every host over ``gcloud ... ssh``. The hosts' exits are judged by the outcome policy every
+launcher shares (``training/outcome.py``): a crash while the slice is still ACTIVE is a failure (rerun on the same
+slice); a slice that left ACTIVE was preempted (deleted and created again); both resume from the newest checkpoint
+under the same run id. A stop the run decided (a config error, a non-finite stop, ...) ends the launch at once with the
+run's own exit code, and every
 attempt carries the launch's id, so that ``fresh=true`` is applied once per launch. Credentials go to each container
 through ssh's stdin (``docker run --env-file /dev/stdin``): never on a command line, which gcloud would write to its
 logs.
@@ -29,7 +30,7 @@ from levanter.infra.docker import make_docker_run_command
 from levanter_mars.infra.config import JobConfig, LaunchError
 from levanter_mars.infra.host import TRAIN_MODULE
 from levanter_mars.infra.plan import REDACTED, PreparedRun, prepare_cli
-from levanter_mars.training.errors import DECIDED_STOPS, describe_exit
+from levanter_mars.training.outcome import LOST, RetryBudget, judge
 from levanter_mars.training.run.launch_id import LAUNCH_ID_ENV, new_launch_id
 
 CAPACITY_FLAGS = {"spot": ["--spot"], "on-demand": [], "reserved": ["--reserved"]}
@@ -202,32 +203,22 @@ class GcloudRunner:
         return [proc.wait() for proc in procs]
 
     def run(self) -> int:
-        failures = preemptions = 0
         job = self.plan.run.job
+        budget = RetryBudget(failure=job.retries, preemption=job.preemption_retries, storage=job.storage_retries)
+        used: dict[str, int] = {}
         try:
             while True:
                 self.wait_active()
                 for node in self.plan.nodes:
                     self._call(self.plan.setup(node))
                 codes = self.train_once()
-                if all(code == 0 for code in codes):
-                    self._say(f"training finished on every host (failures {failures}, preemptions {preemptions})")
-                    return 0
-                decided = [code for code in codes if code in DECIDED_STOPS]
-                if decided:
-                    self._say(f"the run stopped with {describe_exit(decided[0])} (host exits {codes}); not retried: "
-                              "a retry runs the same config and stops the same way")  # fmt: skip
-                    return decided[0]
-                if self.state() != ACTIVE:
-                    preemptions += 1
-                    self._say(f"the slice was preempted ({preemptions}/{job.preemption_retries}); host exits {codes}")
-                    if preemptions > job.preemption_retries:
-                        return 1
-                else:
-                    failures += 1
-                    self._say(f"training failed ({failures}/{job.retries}); host exits {codes}")
-                    if failures > job.retries:
-                        return 1
+                # A slice that left ACTIVE took its hosts with it: whatever ssh reported, they were lost.
+                exits = codes if all(c == 0 for c in codes) or self.state() == ACTIVE else [LOST] * len(codes)
+                verdict = judge(exits, budget, used)
+                self._say(f"{verdict.action.replace('_', ' ')}: {verdict.reason}")
+                if verdict.ends:
+                    return verdict.exit_code
+                used[verdict.retry_kind] = used.get(verdict.retry_kind, 0) + 1
         finally:
             if not self.plan.launch.keep:
                 self._call(self.plan.delete())

@@ -15,17 +15,11 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
 from levanter_mars.infra.local_node import without_node_environment
-from levanter_mars.training.errors import describe_exit, is_retried
 from levanter_mars.training.run.launch_id import ATTEMPT_STARTED_ENV, LAUNCH_ID_ENV
 
 TRAIN_MODULE = "levanter_mars.main.train_lm"
 _PR_SET_PDEATHSIG = 1
 _DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
-
-
-class TrainingProcessError(RuntimeError):
-    """The training program crashed on a host (exit 1 or a signal): a failure (not a preemption) for ``run_on_pod``,
-    which retries it."""
 
 
 @dataclass(frozen=True)
@@ -88,10 +82,10 @@ def run_host(
     train_argv: Sequence[str], workdir: Optional[str], local: Optional[LocalHost], secrets: Mapping[str, str],
     launch_id: Optional[str] = None,
 ) -> dict:
-    """Runs the training program to completion. Raises TrainingProcessError if it crashes or is killed; a stop the
-    run decided (a config error, a non-finite stop, exhausted data, unusable checkpoint storage, a failed eval: see
-    ``training/errors.py``) is returned with its code, not raised: ``run_on_pod`` retries every exception, and a retry
-    would stop the same way."""
+    """Runs the training program to completion and returns how it ended, whatever that was: the driver judges every
+    host's exit together (``training/outcome.py``), since a host's crash or signal may only follow another host's
+    decision (process 0 decides a stop, then its peers are torn down). ``run_on_pod`` would retry a host that raised
+    before the others had ended. ``process`` orders the hosts: slice, then worker."""
     started = time.time()  # the goodput record's start of this attempt: the launcher's clock, before the interpreter
     host = socket.gethostname()
     env = training_environment(os.environ, secrets, local is not None, launch_id)
@@ -113,9 +107,8 @@ def run_host(
         if proc.poll() is None:  # this task is being cancelled: take the training process down with it
             proc.kill()
             proc.wait()
-    if is_retried(code):
-        raise TrainingProcessError(f"training process {proc.pid} on {host} ended with {describe_exit(code)}")
-    return {"host": host, "pid": proc.pid, "returncode": code}
+    process = (int(os.environ.get("MEGASCALE_SLICE_ID", 0)), int(os.environ.get("TPU_WORKER_ID", 0)))
+    return {"host": host, "pid": proc.pid, "returncode": code, "process": process}
 
 
 def host_task(

@@ -147,9 +147,11 @@ def prepare(
 def prepare_cli(
     argv: Sequence[str], config_class: type, checks: Sequence[Callable[[Any], None]] = ()
 ) -> tuple[Any, PreparedRun] | int:
-    """The launchers' common start: parse, check, prepare. On bad input prints the error and returns exit code 2."""
+    """The launchers' common start: parse, check, prepare. On bad input prints the error and returns exit code 2; on
+    storage the run could not write (its write probes), 5."""
     from levanter_mars.infra.config import parse_args
     from levanter_mars.training.config import ConfigError
+    from levanter_mars.training.errors import CheckpointError, ExitCode
 
     try:
         launch, overrides = parse_args(argv, config_class)
@@ -160,4 +162,7 @@ def prepare_cli(
         print(f"config error: {e}", file=sys.stderr)
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr)
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return ExitCode.CHECKPOINT_STORAGE
     return 2

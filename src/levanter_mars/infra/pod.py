@@ -23,7 +23,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import draccus
 import ray
@@ -41,7 +41,8 @@ from levanter_mars.infra.slices import (
     head_resource,
     launch_slice,
 )
-from levanter_mars.training.errors import ExitCode, describe_exit
+from levanter_mars.training.errors import ExitCode
+from levanter_mars.training.outcome import RetryBudget, judge
 from levanter_mars.training.run.launch_id import new_launch_id
 
 logger = logging.getLogger("levanter_mars.infra.pod")
@@ -53,6 +54,7 @@ class PodConfig:
     num_slices: int = 1
     retries: int = 3
     preemption_retries: int = 100
+    storage_retries: int = 2
     workdir: Optional[str] = None
     """Run training in this directory (the local engine); default: the job's working directory (shipped checkout)."""
     secrets: str = ""
@@ -100,7 +102,7 @@ def check_local_cluster(resources: dict[str, float], kind: SliceType) -> None:
         )
 
 
-def wait_for_local_cluster(kind: SliceType, timeout: float = 20.0, poll: float = 1.0) -> None:
+def wait_for_local_cluster(kind: SliceType, timeout: float = 120.0, poll: float = 1.0) -> None:
     """:func:`check_local_cluster`, allowing the nodes of a cluster that was just started a moment to register."""
     deadline = time.monotonic() + timeout
     while True:
@@ -120,6 +122,10 @@ def main(argv: Sequence[str]) -> int:
     try:
         kind = launch_slice(pod.tpu_type, pod.num_hosts, pod.devices_per_host)
         secrets = take_secrets([name for name in pod.secrets.split(",") if name])
+    except LaunchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return ExitCode.CONFIG_ERROR
+    try:
         ray.init()
         if kind.is_local:
             wait_for_local_cluster(kind)
@@ -129,9 +135,9 @@ def main(argv: Sequence[str]) -> int:
 
                 rendezvous, rendezvous_actor = start_rendezvous(kind.hosts)
             local = LocalHost(kind.hosts, kind.devices_per_host, rendezvous)
-    except LaunchError as e:
+    except LaunchError as e:  # the cluster, not the config: a slow or short local cluster is a failure of the launch
         print(f"error: {e}", file=sys.stderr)
-        return ExitCode.CONFIG_ERROR
+        return ExitCode.CRASH
     if not kind.is_local and ray.cluster_resources().get(head_resource(kind.name), 0) < pod.num_slices:
         logger.info(
             "waiting for %d x %s: the autoscaler starts slices on demand", pod.num_slices, head_resource(kind.name)
@@ -140,34 +146,38 @@ def main(argv: Sequence[str]) -> int:
     # max_retries=0: Ray must not silently re-run a host whose worker died; run_on_pod counts that as a preemption
     # and restarts the whole slice. max_calls=1: a fresh worker (and TPU runtime) per attempt, as run_on_pod requires.
     launch_id = new_launch_id()
-    logger.info("launch %s: one-shot actions (fresh=true) apply to its first attempt only", launch_id)
+    if "--fresh" in train_argv:
+        logger.info("launch %s: one-shot actions (fresh=true) apply to its first attempt only", launch_id)
     task = host_task(train_argv, pod.workdir, local, secrets, launch_id)
     remote = ray.remote(max_calls=1, max_retries=0)(task)
-    try:
-        results = run_on_pod(
-            remote,
-            pod.tpu_type,
-            num_slices=pod.num_slices,
-            max_retries_preemption=pod.preemption_retries,
-            max_retries_failure=pod.retries,
-        )
-    except Exception as e:  # noqa: BLE001 - run_on_pod re-raises the last problem when out of retries
-        print(f"error: gave up after retries: {type(e).__name__}: {e}", file=sys.stderr)
-        return ExitCode.CRASH
-    return run_exit_code(results)
+
+    def attempt() -> list[dict]:
+        # Preemptions (a lost host or Ray worker) are retried inside run_on_pod, within their budget; every host that
+        # ends returns its exit, which run_attempts judges (training/outcome.py).
+        return run_on_pod(remote, pod.tpu_type, num_slices=pod.num_slices,
+                          max_retries_preemption=pod.preemption_retries, max_retries_failure=0)  # fmt: skip
+
+    return run_attempts(attempt, RetryBudget(failure=pod.retries, preemption=pod.preemption_retries,
+                                             storage=pod.storage_retries))  # fmt: skip
 
 
-def run_exit_code(results: Sequence[dict]) -> int:
-    """The launch's exit code from its last attempt's hosts: 0, or the stop the run decided (every host decides the
-    same; process 0's comes first), which a retry would repeat."""
-    stopped = [r for r in results if r.get("returncode")]
-    if not stopped:
-        print(f"training finished on {len(results)} host(s): {results}")
-        return ExitCode.DONE
-    code = stopped[0]["returncode"]
-    print(f"the run stopped with {describe_exit(code)} on {len(stopped)} host(s) (see above); not retried: a retry "
-          "runs the same config on the same data and stops the same way", file=sys.stderr)  # fmt: skip
-    return code
+def run_attempts(attempt: Callable[[], Sequence[dict]], budget: RetryBudget, say=print) -> int:
+    """Runs attempts until the outcome policy ends the launch; returns its exit code. ``attempt()`` returns every
+    host's result (``returncode``, ``process``) or raises when Ray gave up on the slice (preemptions past their
+    budget, a task that could not run)."""
+    used: dict[str, int] = {}
+    while True:
+        try:
+            results = sorted(attempt(), key=lambda r: tuple(r.get("process", (0, 0))))
+        except Exception as e:  # noqa: BLE001 - run_on_pod re-raises its last problem when it gives up
+            say(f"error: the slice could not run the attempt, gave up: {type(e).__name__}: {e}", file=sys.stderr)
+            return ExitCode.CRASH
+        verdict = judge([r["returncode"] for r in results], budget, used)
+        say(f"launch {verdict.action.replace('_', ' ')}: {verdict.reason}",
+            file=sys.stdout if verdict.action == "done" else sys.stderr)  # fmt: skip
+        if verdict.ends:
+            return verdict.exit_code
+        used[verdict.retry_kind] = used.get(verdict.retry_kind, 0) + 1
 
 
 if __name__ == "__main__":

@@ -76,6 +76,7 @@ def build_job(run: PreparedRun, launch: RayLaunchConfig, environ: Mapping[str, s
         "--num_slices", str(job.num_slices),
         "--retries", str(job.retries),
         "--preemption_retries", str(job.preemption_retries),
+        "--storage_retries", str(job.storage_retries),
     ]  # fmt: skip
     if run.secrets:
         pod_args += ["--secrets", ",".join(sorted(run.secrets))]

@@ -28,6 +28,7 @@ from levanter_mars.infra.preflight.report import Verdict, json_line  # noqa: E40
 from levanter_mars.infra.preflight.topology import PreflightError, abstract_devices, tpu_target  # noqa: E402
 from levanter_mars.infra.slices import slice_type  # noqa: E402
 from levanter_mars.training.config import ConfigError  # noqa: E402
+from levanter_mars.training.errors import CheckpointError, ExitCode  # noqa: E402
 
 #: Tokenizers whose size pre-flight knows without loading them (the HF hub is not contacted): (vocab, eos id).
 KNOWN_TOKENIZERS = {"gpt2": (50257, 50256), "openai-community/gpt2": (50257, 50256)}
@@ -128,6 +129,9 @@ def cli(argv: Optional[Sequence[str]] = None) -> int:
     except (LaunchError, PreflightError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except CheckpointError as e:  # a write probe failed: the storage, not the config
+        print(f"error: {e}", file=sys.stderr)
+        return ExitCode.CHECKPOINT_STORAGE
     print(verdict.table())
     if not verdict.fits:
         print(f"does not fit: {verdict.refusal()}", file=sys.stderr)

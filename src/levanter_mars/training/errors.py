@@ -1,9 +1,10 @@
 """Why a run stops, and the exit code that says so.
 
 Each error is raised on every process alike (process 0's decisions reach the others through
-:func:`~levanter_mars.training.distributed.leader_decides`), and the entry point maps it to an exit code. A launcher
-reads the code to decide whether a retry can help: it retries a crash (1, or a process killed by a signal), a lost host
-and a preemption, and ends the launch with any other code, which it then exits with itself.
+:func:`~levanter_mars.training.distributed.leader_decides`), and the entry point maps it to an exit code. Every
+launcher judges its hosts' codes by one policy (``training/outcome.py``): it retries a crash (1, or a process killed by
+a signal), a lost host and a preemption, unusable storage a bounded number of times, and ends the launch with the code
+the run decided otherwise, which it then exits with itself.
 
 | code | meaning | retried by a launcher |
 | --- | --- | --- |
@@ -12,7 +13,7 @@ and a preemption, and ends the launch with any other code, which it then exits w
 | 2 | config error: nothing was trained; the message names the field or file | no |
 | 3 | non-finite stop: a NaN/Inf with `trainer.nonfinite: stop`, or too many skipped steps in a row | no |
 | 4 | data exhausted before `trainer.num_train_steps` (the last checkpoint was saved) | no |
-| 5 | checkpoint storage unusable: a checkpoint cannot be written (disk full) or resumed (another optimizer) | no |
+| 5 | checkpoint storage unusable: a checkpoint cannot be written (disk full, the storage service failing) or resumed (another optimizer) | `storage_retries` times (2) |
 | 6 | eval failed, with `eval_harness_failure: stop` (the default, `continue`, logs it and trains on) | no |
 
 Light on purpose: the Ray host task imports this module, and must not import JAX.
@@ -33,8 +34,7 @@ class ExitCode(enum.IntEnum):
     EVAL_FAILED = 6
 
 
-#: Codes of runs that ended for a reason they report: a retry runs the same config on the same data and storage, and
-#: stops the same way. Anything else that is not 0 (1, a signal, an unknown code) is a crash: worth a retry.
+#: Codes of runs that ended for a reason they report (``training/outcome.py`` says which a launcher retries).
 DECIDED_STOPS = frozenset(code for code in ExitCode if code not in (ExitCode.DONE, ExitCode.CRASH))
 
 
@@ -51,11 +51,6 @@ def describe_exit(code: int) -> str:
         return f"exit {code} ({ExitCode(code).name.lower().replace('_', ' ')})"
     except ValueError:
         return f"exit {code}"
-
-
-def is_retried(code: int) -> bool:
-    """Whether a launcher should retry an attempt that ended with ``code`` (a crash or a signal)."""
-    return code != ExitCode.DONE and code not in DECIDED_STOPS
 
 
 _shared_errors: dict[str, type[Exception]] = {}

@@ -12,8 +12,8 @@ check pass the exits of an attempt's hosts here, in process order, and act on th
   as one), a lost host (a preemption); and, a bounded number of times, unusable checkpoint storage (exit 5), which a
   hiccup of the storage service at an attempt's start makes as surely as a full disk does. Each kind has its budget
   (:class:`RetryBudget`); past it, the launch gives up.
-* **give up**: a code the training program never exits with (126, 127: a broken image or command) is not retried;
-  nor is anything past its budget.
+* **give up**: a code below 128 the training program never exits with (126, 127: a broken image or command) is not
+  retried; nor is anything past its budget.
 
 Light on purpose: the Ray host task and the launchers import it without JAX.
 """
@@ -30,6 +30,9 @@ from levanter_mars.training.errors import DECIDED_STOPS, ExitCode, describe_exit
 FAILURE, PREEMPTION, STORAGE = "failure", "preemption", "storage"
 #: A host lost with its training process (a preempted VM, a dead Ray worker): no exit code.
 LOST = None
+#: Exit codes from 128 up are a shell's or a container's report of a process killed by a signal (128 + N: 137 is an
+#: out-of-memory kill) or of a lost connection (ssh's 255): crashes, retried, like a negative code (``subprocess``'s).
+KILLED_BY_SIGNAL = 128
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ def judge(exits: Sequence[Optional[int]], budget: RetryBudget = RetryBudget(),
         code = decided[0]
         return Verdict("stop", code, f"the run stopped with {describe_exit(code)} ({said}); not retried: a retry runs "
                        "the same config on the same data and stops the same way", exits=exits)  # fmt: skip
-    unknown = sorted({c for c in exits if c is not LOST and c > 0 and c not in set(ExitCode)})
+    unknown = sorted({c for c in exits if c is not LOST and 0 < c < KILLED_BY_SIGNAL and c not in set(ExitCode)})
     if unknown:
         return Verdict("give_up", ExitCode.CRASH, f"{describe_exit(unknown[0])} is no exit code of the training "
                        f"program (a broken image or command?) ({said}); not retried", exits=exits)  # fmt: skip

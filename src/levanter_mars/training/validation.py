@@ -20,7 +20,7 @@ import optax
 from levanter_mars.training.checkpointing.storage import check_writable
 from levanter_mars.training.config import ConfigError, TrainLmConfig
 from levanter_mars.training.data.checks import check_data
-from levanter_mars.training.errors import EVAL_FAILURE_POLICIES, CheckpointError
+from levanter_mars.training.errors import EVAL_FAILURE_POLICIES
 from levanter_mars.training import distributed
 from levanter_mars.training.nonfinite import NONFINITE_POLICIES
 
@@ -222,11 +222,11 @@ def check_storage(config: TrainLmConfig, *, offline: bool = False, probe_writes:
     probed = [t for t in targets if probe_writes and not (offline and "://" in str(t[1]))]
 
     def probe() -> None:
+        # A failed probe is unusable storage (exit 5), not a bad config: the same probe fails on a full disk and on a
+        # passing failure of the storage service at an attempt's start, which a launcher retries (a bounded number
+        # of times; training/outcome.py).
         for field, path, what in probed:
-            try:
-                check_writable(str(path), field=field, what=what)
-            except CheckpointError as e:
-                raise ConfigError(str(e)) from e
+            check_writable(str(path), field=field, what=what)
 
     if probed:
         distributed.leader_decides(probe)

@@ -19,6 +19,8 @@ SKIP_FLAG = "--skip_preflight"
 PREFLIGHT_MODULE = "levanter_mars.main.preflight"
 #: Pre-flight's refusal: the step does not fit, or the config is bad (main/preflight.py).
 REFUSED = 2
+#: A write probe of pre-flight's failed: the storage, not the config (exit 5, as the training program's).
+STORAGE = 5
 
 
 def take_skip_flag(argv: Sequence[str]) -> tuple[bool, list[str]]:
@@ -56,6 +58,9 @@ def preflight_run(run, working_dir: str, skip: bool) -> tuple[int, str]:
     if done.returncode == 0:
         os.unlink(log_path)
         return 0, done.stdout.strip()
+    if done.returncode == STORAGE:
+        said = [line for line in stderr.splitlines() if line.startswith("error:")]
+        return STORAGE, f"could not write where the run writes, nothing was submitted: {(said or ['(no output)'])[-1]}"
     if done.returncode == REFUSED:
         said = [line for line in stderr.splitlines() if line.startswith(("does not fit:", "config error:", "error:"))]
         reason = said[-1] if said else (stderr.strip().splitlines() or ["(no output)"])[-1]

@@ -1,0 +1,98 @@
+"""One outcome policy for every launcher (training/outcome.py): a table of mixed host outcomes, each judged alone and
+through each launcher's own loop (the Ray job's driver, which the TPU pod and the local pod share, and the
+plain-gcloud runner), with the number of attempts each makes. A 2-host local pod where only process 0 decides a stop
+is tests/test_infra_local_ray.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from levanter_mars.infra import pod
+from levanter_mars.training.outcome import LOST, RetryBudget, judge, signal_exit
+from tests.test_infra_gcloud import ScriptedGcloud, plan_for, run_scripted
+
+SIGTERM, SIGKILL = signal_exit("SIGTERM"), signal_exit("SIGKILL")
+
+#: (hosts' exits, then the next attempt's if retried ..., what the launch ends with, attempts made). Budgets: 1
+#: failure retry, 1 storage retry.
+CASES = {
+    "a decided stop on process 0 wins over the peer's signal it caused": ([[3, SIGTERM]], 3, 1),
+    "a peer's decided stop wins over process 0's signal": ([[SIGKILL, 4]], 4, 1),
+    "process 0 finished, a peer was killed: retried (a complete run reports complete)": ([[0, SIGKILL], [0, 0]], 0, 2),
+    "a config error on every host: never retried": ([[2, 2]], 2, 1),
+    "unusable storage on process 0, a crash beside it: retried within its budget": ([[5, 1], [0, 0]], 0, 2),
+    "unusable storage past its budget: the run's own code": ([[5, 5], [5, 5]], 5, 2),
+    "an exit the training program never makes (a broken image): not retried": ([[126, 126]], 1, 1),
+    "crashes past the failure budget: give up": ([[1, 1], [1, 1]], 1, 2),
+    "hosts that decided different stops: no decision": ([[3, 4]], 1, 1),
+    "a crash, then done": ([[1, 0], [0, 0]], 0, 2),
+    "a container killed for memory (128 + 9), as ssh reports it: a crash, retried": ([[137, 0], [0, 0]], 0, 2),
+}
+BUDGET = RetryBudget(failure=1, preemption=1, storage=1)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_verdicts_of_mixed_host_outcomes(case):
+    attempts, code, count = CASES[case]
+    used: dict[str, int] = {}
+    for made, exits in enumerate(attempts, 1):
+        verdict = judge(exits, BUDGET, used)
+        if verdict.ends:
+            break
+        used[verdict.retry_kind] = used.get(verdict.retry_kind, 0) + 1
+    assert (verdict.exit_code, made) == (code, count), verdict
+    assert verdict.reason  # every verdict says why
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_ray_driver_follows_the_policy(case, capsys):
+    """The Ray job's driver (``python -m levanter_mars.infra.pod``: TPU pods and the local pod alike) with its
+    attempts scripted: the hosts' results, as run_on_pod returns them, in any order."""
+    attempts, code, count = CASES[case]
+    script = iter(attempts)
+    made = []
+
+    def attempt():
+        exits = next(script)
+        made.append(exits)
+        return [{"returncode": c, "process": (0, i)} for i, c in reversed(list(enumerate(exits)))]
+
+    assert pod.run_attempts(attempt, BUDGET) == code
+    assert len(made) == count
+    said = capsys.readouterr()
+    assert ("launch done:" in said.out) == (code == 0), said
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_gcloud_runner_follows_the_policy(case):
+    attempts, code, count = CASES[case]
+    plan = plan_for("--tpu_type", "v4-16", "--retries", "1", "--storage_retries", "1")  # 2 hosts
+    fake = ScriptedGcloud(attempts=attempts)
+    made, log = run_scripted(plan, fake)
+    assert made == code, log
+    train_calls = [c for c in fake.calls if c[3:5] == ["tpu-vm", "ssh"] and "--worker=all" not in c]
+    assert len(train_calls) == 2 * count, log
+
+
+def test_one_host_that_cannot_start_the_program_is_not_retried():
+    verdict = judge([126], BUDGET, {})
+    assert (verdict.action, verdict.exit_code) == ("give_up", 1) and "exit 126" in verdict.reason
+
+
+def test_a_lost_host_is_a_preemption_with_its_own_budget():
+    assert judge([0, LOST], BUDGET, {}).retry_kind == "preemption"
+    assert judge([1, 1], BUDGET, {"preemption": 1}).action == "retry"  # failures have their own budget
+    ended = judge([LOST, LOST], BUDGET, {"preemption": 1})
+    assert (ended.action, ended.exit_code) == ("give_up", 1) and "preemption retries are spent" in ended.reason
+
+
+def test_when_ray_gives_up_on_the_slice_the_driver_says_so(capsys):
+    def attempt():
+        raise RuntimeError("TPU job was preempted too many times")
+
+    assert pod.run_attempts(attempt, BUDGET) == 1
+    assert "preempted too many times" in capsys.readouterr().err
+
+
+def test_v4_16_is_the_two_host_slice_the_gcloud_cases_use():
+    assert plan_for("--tpu_type", "v4-16").run.slice.hosts == 2

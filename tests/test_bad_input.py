@@ -1,5 +1,6 @@
 """Bad input is refused before anything is compiled, with a message naming the field or file."""
 
+import errno
 import os
 import subprocess
 import sys
@@ -65,7 +66,8 @@ def test_bad_config_fails_fast_naming_the_field(tmp_path, pydocs_corpus, capsys,
 
 def test_storage_the_run_cannot_write_is_exit_5_naming_the_field(tmp_path, pydocs_corpus, capsys):
     """A failed write probe is unusable storage (5), not a bad config (2): on a pod the same probe fails on a passing
-    failure of the storage service at an attempt's start, which a launcher retries a bounded number of times."""
+    failure of the storage service at an attempt's start, which a launcher retries a bounded number of times. Only a
+    path no retry can write is a config error (tests/test_reliability.py: a file where the directory must be)."""
     config = tiny_config(tmp_path, pydocs_corpus, "bad", {"hf_save_path": "/proc/no-exports-here", "hf_save_steps": 10})
     code, output = run_cli_in_process(capsys, config)
     assert code == 5, output[-2000:]
@@ -176,3 +178,24 @@ def test_an_empty_token_cache_is_a_config_error(tmp_path):
     ]
     ledger.write_text('{"total_num_rows": 60, "is_finished": true}')
     assert empty_data_paths(data) == []
+
+
+@pytest.mark.parametrize(
+    "error, code",
+    [(OSError(errno.ENOSPC, "No space left on device"), 5), (TimeoutError("storage service timed out"), 5),
+     (OSError(errno.EROFS, "Read-only file system"), 2), (PermissionError(errno.EACCES, "Permission denied"), 2),
+     (NotADirectoryError(errno.ENOTDIR, "Not a directory"), 2)],
+)
+def test_a_failed_write_probe_is_a_config_error_only_when_the_path_is_wrong(tmp_path, monkeypatch, error, code):
+    import fsspec.implementations.local as local
+
+    from levanter_mars.main.train_lm import exit_code
+    from levanter_mars.training.checkpointing.storage import check_writable
+
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(local.LocalFileSystem, "makedirs", fail)
+    with pytest.raises(Exception, match=r"trainer\.checkpointer\.base_path: cannot write checkpoints") as raised:
+        check_writable(str(tmp_path / "checkpoints"))
+    assert exit_code(raised.value) == code

@@ -1010,3 +1010,41 @@ def test_defect_40_levanter_deletes_a_checkpoint_in_one_recursive_delete_and_the
     monkeypatch.undo()
     ours._do_rm_checkpoint(cut)
     assert not os.path.exists(cut)
+
+
+def test_defect_41_a_fresh_trainer_states_step_is_weakly_typed_a_loaded_one_not_and_the_workaround_aligns_them(
+    tmp_path,
+):
+    import equinox as eqx
+    import haliax as hax
+    import optax
+    from levanter.checkpoint import load_checkpoint, save_checkpoint
+    from levanter.trainer_state import TrainerState
+
+    from levanter_mars.compat.levanter_training import strongly_typed_step
+
+    class Tiny(eqx.Module):
+        w: hax.NamedArray
+
+    model = Tiny(hax.ones(hax.Axis("d", 4)))
+    fresh = TrainerState.init(optax.sgd(0.1), model, key=jax.random.PRNGKey(0), is_trainable=True)
+    assert fresh.step.weak_type, "upstream now makes the step strongly typed: remove defect 41"
+    save_checkpoint(fresh, step=0, checkpoint_path=str(tmp_path / "step-0"))
+    with _one_device_mesh():
+        loaded = load_checkpoint(fresh, str(tmp_path / "step-0"))
+    assert not loaded.step.weak_type
+
+    # The jit hooks' `step % every` is another program for each type: another persistent-cache key.
+    def due(step):
+        return step % 10 == 0
+
+    def typed(step):
+        return jax.ShapeDtypeStruct(step.shape, step.dtype, weak_type=step.weak_type)
+
+    program = {name: jax.jit(due).lower(typed(s.step)).as_text(debug_info=False) for name, s in
+               [("fresh", fresh), ("loaded", loaded), ("workaround", strongly_typed_step(fresh))]}  # fmt: skip
+    assert program["fresh"] != program["loaded"]
+    assert program["workaround"] == program["loaded"]
+    fixed = strongly_typed_step(fresh)
+    assert not fixed.step.weak_type and int(fixed.step) == 0 and fixed.step.dtype == loaded.step.dtype
+    assert strongly_typed_step(loaded) is loaded

@@ -170,7 +170,8 @@ def test_local_pod_of_two_hosts_survives_a_killed_process_and_resumes_bitwise(wo
     print(f"host 0 ended {survivor_s:.1f} s after host 1 was killed")
     assert code == 0, log[-6000:]
     assert ": SUCCEEDED" in log and "Running on 1 x TPU cpu" in log
-    assert "Failed 1 times" in log and "Preempted" not in log, "one failure, not counted as a preemption"
+    assert log.count("launch retry: a host crashed or was killed") == 1 and "(failure 1 of 1)" in log, log[-6000:]
+    assert "a host was lost" not in log, "one failure, not counted as a preemption"
     # fresh=true: the old run set aside by the first attempt only (run dir, checkpoints, log: 3 moves); the retry
     # resumed the first attempt's checkpoint.
     assert log.count("fresh=true: moved") == 3, log[-6000:]

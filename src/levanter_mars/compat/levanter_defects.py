@@ -237,4 +237,13 @@ DEFECTS: tuple[Defect, ...] = (
         "compat.levanter_training.RemovesItsMarkersFirst",
         COMPAT_TESTS + "test_defect_40_levanter_deletes_a_checkpoint_in_one_recursive_delete_and_the_workaround_unmarks_it",
     ),
+    Defect(
+        41,
+        LEVANTER,
+        "a fresh TrainerState's step is weakly typed, a loaded one strongly: the jit hooks' `step % every` traces to "
+        "another program, so a resumed attempt compiles a training step its first attempt had stored",
+        "compat.levanter_training.strongly_typed_step",
+        COMPAT_TESTS + "test_defect_41_a_fresh_trainer_states_step_is_weakly_typed_a_loaded_one_not_and_the_workaround_"
+        "aligns_them",
+    ),
 )

@@ -1,4 +1,4 @@
-"""Levanter's Trainer and Checkpointer, where they need fixing or reaching into (defects 1, 2, 10, 15, 36, 40).
+"""Levanter's Trainer and Checkpointer, where they need fixing or reaching into (defects 1, 2, 10, 15, 36, 40, 41).
 
 :class:`FixedTrainer` is Levanter's ``Trainer`` with defects 1 and 2 fixed; the project's trainer subclasses it and
 never names a private member of Levanter itself.
@@ -11,6 +11,7 @@ import inspect
 import os
 from typing import Any, Callable, Optional
 
+import equinox as eqx
 import haliax as hax
 import jax
 import jax.numpy as jnp
@@ -182,6 +183,16 @@ def jitted_train_step(trainer: Trainer):
     """Defect 32. The trainer's jitted step (``named_jit`` of ``_train_step``, state donated): Levanter offers no
     public handle on it, and pre-flight must lower exactly that program for a TPU topology."""
     return trainer._jit_train_step_fn
+
+
+def strongly_typed_step(state):
+    """Defect 41. A fresh ``TrainerState``'s step is a weakly typed int32 (its converter makes ``0`` an array, and
+    ``step + 1`` keeps the weak type), a loaded one is strongly typed: the jit hooks' ``step % every`` then traces to
+    another program, so an attempt that resumes compiles a training step the first attempt had already stored. Gives
+    every attempt the loaded state's type (the values, and so the training, are the same)."""
+    if not getattr(state.step, "weak_type", False):
+        return state
+    return eqx.tree_at(lambda s: s.step, state, jax.lax.convert_element_type(state.step, jnp.int32))
 
 
 #: How Levanter's ``tree_deserialize_leaves_tensorstore`` begins the message of the one error that lists paths a

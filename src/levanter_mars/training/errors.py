@@ -10,7 +10,7 @@ the run decided otherwise, which it then exits with itself.
 | --- | --- | --- |
 | 0 | done (or already complete) | - |
 | 1 | crash: an error the run did not decide (a bug, a lost peer, an out-of-memory kill reads as a signal) | yes |
-| 2 | config error: nothing was trained; the message names the field or file | no |
+| 2 | config error: nothing was trained; the message names the field or file (a storage path no retry can write: a file in the way, no permission, read-only); or the run is live elsewhere (its lease, `training/run/lease.py`) | no |
 | 3 | non-finite stop: a NaN/Inf with `trainer.nonfinite: stop`, or too many skipped steps in a row | no |
 | 4 | data exhausted before `trainer.num_train_steps` (the last checkpoint was saved) | no |
 | 5 | checkpoint storage unusable: a checkpoint cannot be written (disk full, the storage service failing) or resumed (another optimizer) | `storage_retries` times (2) |
@@ -82,6 +82,17 @@ class CheckpointError(RuntimeError):
 
 
 @shared_error
+class StoragePathError(CheckpointError):
+    """A storage path no retry can write (a file where a directory must be, no permission, a read-only file system):
+    a config error, where the same probe's other failures (a full disk, the storage service failing) are exit 5."""
+
+
+@shared_error
+class RunLeasedError(RuntimeError):
+    """Another live launch holds the run (its lease), or took it over from this one: this one writes nothing."""
+
+
+@shared_error
 class EvalFailedError(RuntimeError):
     """An in-training evaluation failed and ``eval_harness_failure`` is ``stop``."""
 
@@ -94,6 +105,8 @@ EVAL_FAILURE_POLICIES = ("continue", "stop")
 ERROR_EXIT_CODES: tuple[tuple[type[Exception], ExitCode], ...] = (
     (NonFiniteTrainingError, ExitCode.NONFINITE_STOP),
     (DataExhaustedError, ExitCode.DATA_EXHAUSTED),
+    (StoragePathError, ExitCode.CONFIG_ERROR),
+    (RunLeasedError, ExitCode.CONFIG_ERROR),
     (CheckpointError, ExitCode.CHECKPOINT_STORAGE),
     (EvalFailedError, ExitCode.EVAL_FAILED),
 )

@@ -31,7 +31,7 @@ from levanter.trainer import TrainerConfig
 from levanter.trainer_state import trainables_only
 from levanter.utils.tree_utils import inference_mode
 
-from levanter_mars.compat.levanter_training import FixedTrainer, stop_data_loader
+from levanter_mars.compat.levanter_training import FixedTrainer, stop_data_loader, strongly_typed_step
 from levanter_mars.optim.guard import skip_nonfinite_updates
 from levanter_mars.training import distributed
 from levanter_mars.training.checkpointing.writer import VerifiedCheckpointer, VerifiedCheckpointerConfig
@@ -183,7 +183,7 @@ class MarsTrainer(FixedTrainer):
                     f"trainer.load_checkpoint is true but no usable checkpoint exists in "
                     f"{self.resume_plan.checkpoint_dir if self.resume_plan else self.checkpoint_path}"
                 )
-            state = fresh()
+            state = strongly_typed_step(fresh())
         elif isinstance(self.checkpointer, VerifiedCheckpointer):
             self.checkpointer.resumed_step = int(state.step)
         if self.goodput is not None and int(state.step) < self.num_train_steps:  # a complete run is no attempt

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from levanter_mars.training.errors import CheckpointError
+from levanter_mars.training.errors import CheckpointError, StoragePathError
 
 MANIFEST_NAME = "levanter_mars_manifest.json"
 METADATA_NAME = "metadata.json"
@@ -46,6 +47,11 @@ def check_writable(
             f.write("ok")
         fs.rm(probe)
     except Exception as e:  # noqa: BLE001 - any failure here means the same thing to the user
-        raise CheckpointError(
-            f"{field}: cannot write {what} to {directory!r} ({type(e).__name__}: {e})"
-        ) from e
+        kind = StoragePathError if never_writable(e) else CheckpointError
+        raise kind(f"{field}: cannot write {what} to {directory!r} ({type(e).__name__}: {e})") from e
+
+
+def never_writable(error: BaseException) -> bool:
+    """Whether ``error`` says the path itself is wrong (no retry writes there), not that the storage failed."""
+    path_errors = (NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError)
+    return isinstance(error, path_errors) or (isinstance(error, OSError) and error.errno == errno.EROFS)

@@ -7,6 +7,7 @@ import json
 import os
 from typing import Any, Optional, Sequence
 
+from levanter_mars.training.whole_files import write_whole
 
 
 def markdown_table(rows: Sequence[dict[str, str]], columns: Sequence[tuple[str, str]], title: str = "") -> str:
@@ -20,16 +21,10 @@ def markdown_table(rows: Sequence[dict[str, str]], columns: Sequence[tuple[str, 
 def write_all(summary: dict[str, Any], output_dir: str) -> dict[str, str]:
     os.makedirs(output_dir, exist_ok=True)
     paths = {name: os.path.join(output_dir, f"compare.{name}") for name in ("json", "md", "png")}
-    _write(paths["json"], json.dumps(summary, indent=1, sort_keys=False) + "\n")
-    _write(paths["md"], markdown(summary))
+    write_whole(paths["json"], json.dumps(summary, indent=1, sort_keys=False) + "\n")
+    write_whole(paths["md"], markdown(summary))
     plot(summary, paths["png"])
     return paths
-
-
-def _write(path: str, text: str) -> None:
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
 
 
 def _number(value: Optional[float], digits: int = 4) -> str:

@@ -26,6 +26,7 @@ from levanter_mars.compare.spec import SCHEDULE_FIELDS, CompareConfig, SpecError
 from levanter_mars.training.errors import ExitCode
 from levanter_mars.training.run.metrics import METRICS_FILENAME, read_metrics
 from levanter_mars.training.run.record_copy import record_url
+from levanter_mars.training.whole_files import write_whole
 from levanter_mars.training.yaml_sections import deep_merge
 
 
@@ -108,13 +109,7 @@ class RunRecord:
 
 
 def write_record(layout: Layout, record: RunRecord) -> None:
-    path = layout.record_path(record.run_id)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(asdict(record), f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_whole(layout.record_path(record.run_id), json.dumps(asdict(record), indent=1, sort_keys=True) + "\n")
 
 
 def read_record(layout: Layout, rid: str) -> Optional[RunRecord]:
@@ -188,7 +183,5 @@ def write_config(layout: Layout, rid: str, config: Mapping[str, Any]) -> str:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     text = yaml.safe_dump(dict(config), sort_keys=False)
     if not os.path.exists(path) or open(path).read() != text:
-        with open(path + ".tmp", "w") as f:
-            f.write(text)
-        os.replace(path + ".tmp", path)
+        write_whole(path, text)
     return path

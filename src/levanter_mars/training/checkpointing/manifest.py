@@ -11,14 +11,14 @@ from __future__ import annotations
 import base64
 import datetime
 import json
-import os
 import posixpath
 from typing import Any, Optional
 
 import fsspec
 import google_crc32c
 
-from levanter_mars.training.checkpointing.storage import MANIFEST_NAME, QUARANTINE_MARKER, fs_and_path, is_local
+from levanter_mars.training.checkpointing.storage import MANIFEST_NAME, QUARANTINE_MARKER, fs_and_path, with_protocol
+from levanter_mars.training.whole_files import write_whole
 
 _CHUNK = 8 << 20
 
@@ -62,18 +62,7 @@ def write_manifest(checkpoint_path: str, *, step: int, run_info: Optional[dict] 
         "run_info": run_info or {},
         "files": files,
     }
-    payload = json.dumps(manifest, indent=1, sort_keys=True)
-    target = posixpath.join(root, MANIFEST_NAME)
-    if is_local(fs):
-        tmp = target + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    else:
-        with fs.open(target, "w") as f:
-            f.write(payload)
+    write_whole(with_protocol(fs, posixpath.join(root, MANIFEST_NAME)), json.dumps(manifest, indent=1, sort_keys=True))
     return manifest
 
 

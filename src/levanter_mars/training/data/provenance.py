@@ -22,6 +22,7 @@ import fsspec
 from levanter.data.text import LmDatasetFormatBase, preprocessor_for_format
 
 from levanter_mars.training.data.sources import expand_local, is_local
+from levanter_mars.training.whole_files import write_whole
 
 logger = logging.getLogger(__name__)
 
@@ -196,9 +197,5 @@ def read_record(split_dir: str) -> Optional[dict]:
 
 
 def write_record(split_dir: str, record: dict) -> None:
-    path = os.path.join(split_dir, RECORD_FILE)
-    fs, fs_path = fsspec.core.url_to_fs(path)
-    fs.makedirs(os.path.dirname(fs_path), exist_ok=True)
-    with fs.open(fs_path + ".tmp", "w") as f:  # renamed into place: a kill never leaves half a record
-        json.dump(record, f, indent=2, sort_keys=True)
-    fs.mv(fs_path + ".tmp", fs_path)
+    # Whole or absent: a kill never leaves half a record.
+    write_whole(os.path.join(split_dir, RECORD_FILE), json.dumps(record, indent=2, sort_keys=True))

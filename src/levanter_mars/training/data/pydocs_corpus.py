@@ -35,6 +35,8 @@ import sysconfig
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
+from levanter_mars.training.whole_files import write_whole
+
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
@@ -179,15 +181,9 @@ def _distribution_pins(sources: str, site_dirs: Optional[Sequence[str]]) -> list
 
 
 def _write_jsonl(path: Path, texts: list[str]) -> str:
-    digest = hashlib.sha256()
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for text in texts:
-            line = json.dumps({"text": text}, ensure_ascii=False) + "\n"
-            digest.update(line.encode())
-            f.write(line)
-    os.replace(tmp, path)
-    return digest.hexdigest()
+    payload = "".join(json.dumps({"text": text}, ensure_ascii=False) + "\n" for text in texts).encode()
+    write_whole(path, payload)
+    return hashlib.sha256(payload).hexdigest()
 
 
 def train_tokenizer(texts: list[str], output_dir: Path, vocab_size: int = VOCAB_SIZE) -> None:
@@ -253,7 +249,7 @@ def prepare(directory: str | os.PathLike, sources: str = "stdlib", site_dirs: Op
     }
     if pins:
         manifest["distributions"] = pins
-    manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    write_whole(manifest_path, json.dumps(manifest, indent=2, sort_keys=True) + "\n")  # last: the corpus is complete
     return manifest
 
 

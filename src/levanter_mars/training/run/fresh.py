@@ -29,9 +29,10 @@ import posixpath
 from typing import Mapping, Optional
 
 from levanter_mars.training.checkpointing.audit import candidate_checkpoints
-from levanter_mars.training.checkpointing.storage import fs_and_path, is_local, write_text
+from levanter_mars.training.checkpointing.storage import fs_and_path, is_local
 from levanter_mars.training.run.identity import checkpoint_dir, log_file, run_dir
 from levanter_mars.training.run.launch_id import LAUNCH_ID_ENV
+from levanter_mars.training.whole_files import write_whole
 
 logger = logging.getLogger(__name__)
 
@@ -191,18 +192,7 @@ def _read_json(path: str):
 
 
 def _write_json(path: str, value: dict) -> None:
-    fs, plain = fs_and_path(path)
-    fs.makedirs(posixpath.dirname(plain), exist_ok=True)
-    text = json.dumps(value, indent=1)
-    if is_local(fs):  # whole or absent, never torn
-        tmp = f"{plain}.tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, plain)
-    else:  # an object write is atomic
-        write_text(fs, plain, text)
+    write_whole(path, json.dumps(value, indent=1))  # whole or absent, never torn
 
 
 def _delete(path: str) -> None:

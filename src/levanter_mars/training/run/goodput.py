@@ -31,6 +31,7 @@ from typing import Any, Optional
 
 from levanter_mars.training.run.goodput_clock import CATEGORIES, PhaseClock
 from levanter_mars.training.run.metrics import METRICS_FILENAME, read_metrics
+from levanter_mars.training.whole_files import write_whole
 
 GOODPUT_FILENAME = "goodput.json"
 SNAPSHOT_EVERY_S = 10.0
@@ -128,13 +129,7 @@ def read_record(path: os.PathLike) -> Optional[dict]:
 
 
 def write_record(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    with tmp.open("w") as f:
-        f.write(json.dumps(data, indent=1) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_whole(path, json.dumps(data, indent=1) + "\n")
 
 
 def complete_dead_attempt(entry: dict, metrics_path: Path, completed_by: int) -> None:

@@ -13,6 +13,8 @@ from typing import Any, Iterator, Mapping, Optional
 import numpy as np
 from levanter.tracker import Tracker
 
+from levanter_mars.training.whole_files import write_whole
+
 logger = logging.getLogger(__name__)
 
 METRICS_FILENAME = "metrics.jsonl"
@@ -79,13 +81,7 @@ class JsonlMetricsTracker(Tracker):
         if not self.path.exists():
             return
         kept = [r for r in _complete_records(self.path) if int(r.get("step", -1)) <= last_kept_step]
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        with tmp.open("w") as f:
-            for record in kept:
-                f.write(json.dumps(record, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_whole(self.path, "".join(json.dumps(record, sort_keys=True) + "\n" for record in kept))
         self._pending_step, self._pending = None, {}
         self._last_record = None
 
@@ -119,8 +115,8 @@ class JsonlMetricsTracker(Tracker):
     def finish(self):
         self._write_pending()
         if self._summary:
-            summary_path = self.path.with_name("summary.json")
-            summary_path.write_text(json.dumps(self._summary, indent=2, sort_keys=True) + "\n")
+            summary = json.dumps(self._summary, indent=2, sort_keys=True) + "\n"
+            write_whole(self.path.with_name("summary.json"), summary)
 
     def _write_pending(self) -> None:
         if self._pending_step is None or not self._pending:

@@ -131,6 +131,24 @@ def test_a_step_saved_anew_after_a_quarantine_is_audited_and_loses_the_marker(gs
     assert not gs.exists(f"{_plain(url)}/{QUARANTINE_MARKER}")
 
 
+def test_the_run_lease_on_gs_refuses_a_second_launch_and_yields_to_a_take_over(gs, gcs):
+    from levanter_mars.training.errors import RunLeasedError
+    from levanter_mars.training.run.lease import RunLease
+
+    url = gcs.gs("lease/run.lease.json")
+    first = RunLease.acquire(url, "run")
+    with pytest.raises(RunLeasedError, match=f"live elsewhere: pid {first.holder.pid}"):
+        RunLease.acquire(url, "run")
+    second = RunLease.acquire(url, "run", take_over=True)
+    with pytest.raises(RunLeasedError, match="took the run over"):
+        first.verify()
+    first.release()
+    assert json.loads(gs.cat(_plain(url)))["token"] == second.holder.token, "the old holder released nothing"
+    second.release()
+    gs.invalidate_cache()
+    assert not gs.exists(_plain(url))
+
+
 # ------------------------------------------------------------------------------- provenance, launcher config
 
 

@@ -80,6 +80,43 @@ def test_kill_right_after_a_checkpoint(workdir, pydocs_corpus, reference_runs):
     rerun_matches_reference(config, paths, reference_runs, resumed_from=20)
 
 
+def test_a_second_launch_of_a_live_run_is_refused_and_its_rerun_after_a_kill_takes_the_run(workdir, reference_runs):
+    """One live launch per run (training/run/lease.py). Derived from the reference run up to step 20: a launch held
+    alive at step 22, the same command again (refused, exit 2, nothing written), then a kill -9 and the same command
+    (its holder's process is gone on this machine: it takes the run and finishes like the uninterrupted run)."""
+    import time
+
+    from tests.helpers.training import start_cli
+
+    config, paths = copy_of_run(*_reference(reference_runs), workdir, up_to_step=20, run_id="leased")
+    held = workdir / "leased-held"
+    live = start_cli(config, prelude=prelude("install_pause_at_step", step=22, signal_path=str(held)),
+                     log_path=workdir / "leased-live.log")
+    try:
+        deadline = time.monotonic() + 300
+        while not held.exists() and live.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert held.exists(), (workdir / "leased-live.log").read_text()[-3000:]
+        lease = paths["checkpoints"].parent / (paths["checkpoints"].name + ".lease.json")
+        holder = json.loads(lease.read_text())
+        before = {p: p.read_bytes() for p in sorted(paths["checkpoints"].rglob("*")) if p.is_file()}
+        before_metrics = paths["metrics"].read_bytes()
+
+        second = run_cli(config)
+        assert second.returncode == 2, describe_failure(second)
+        assert f"the run is live elsewhere: pid {holder['pid']} on host" in output(second), output(second)[-3000:]
+        assert "--take_over true" in output(second)
+        assert {p: p.read_bytes() for p in sorted(paths["checkpoints"].rglob("*")) if p.is_file()} == before
+        assert paths["metrics"].read_bytes() == before_metrics
+        assert json.loads(lease.read_text())["token"] == holder["token"]
+    finally:
+        live.kill()
+        live.wait()
+    rerun = rerun_matches_reference(config, paths, reference_runs, resumed_from=20)
+    assert f"its holder, pid {holder['pid']} on this machine, is gone" in output(rerun)
+    assert not lease.exists(), "released at the end"
+
+
 # --------------------------------------------------------------------------------------- corrupt checkpoints
 
 

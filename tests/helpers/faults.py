@@ -75,6 +75,26 @@ def install_kill_at_step(step: int, once_exists: Optional[str] = None, process: 
     MarsTrainer.train_step = train_step
 
 
+def install_pause_at_step(step: int, signal_path: str) -> None:
+    """Stops as training step ``step`` is about to run, alive (its threads run on), after writing ``signal_path``: a
+    live run held still for as long as a test needs, until it is killed."""
+    import time
+
+    from levanter_mars.training.trainer import MarsTrainer
+
+    original_step = MarsTrainer.train_step
+
+    def train_step(self, state, *batch, **batch_kwargs):
+        if int(state.step) >= step:
+            with open(signal_path, "w") as f:
+                f.write(str(os.getpid()))
+            while True:
+                time.sleep(1)
+        return original_step(self, state, *batch, **batch_kwargs)
+
+    MarsTrainer.train_step = train_step
+
+
 class _PartialWriter:
     """Stands in for the checkpoint manager of one save: writes the first half of the arrays, then runs ``finish``
     in the manager's background commit thread instead of the real commit (which would write metadata.json)."""

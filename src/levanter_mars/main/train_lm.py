@@ -1,9 +1,10 @@
 """``python -m levanter_mars.main.train_lm --config_path config/<file>.yaml [--section.field value ...]``
 
 The program's order, on one process or on every host of a pod alike: parse; start ``jax.distributed`` (nothing
-touches a JAX backend before it); validate; point JAX at the run's compilation cache; prepare what is shared (corpus,
-token caches, set-asides, the resume decision: process 0 acts, the others wait for its answer); open the goodput record
-(process 0); build; train; summarize (process 0). The exit code says how it ended (``training/errors.py``).
+touches a JAX backend before it); validate; take the run's lease (one live launch per run, ``training/run/lease.py``);
+point JAX at the run's compilation cache; prepare what is shared (corpus, token caches, set-asides, the resume
+decision: process 0 acts, the others wait for its answer); open the goodput record (process 0); build; train;
+summarize (process 0); release the lease. The exit code says how it ended (``training/errors.py``).
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from levanter_mars.training.checkpointing.resume import plan_resume
 from levanter_mars.training.config import ConfigError
 from levanter_mars.training.data import cache_check, pydocs_corpus
 from levanter_mars.training.data import sources as data
-from levanter_mars.training.errors import ERROR_EXIT_CODES, ExitCode
+from levanter_mars.training.errors import ERROR_EXIT_CODES, ExitCode, RunLeasedError
 from levanter_mars.training.lm import train_lm
 from levanter_mars.training.run import fresh, goodput_clock, record_copy
+from levanter_mars.training.run import lease as run_lease
 from levanter_mars.training.run.goodput import GoodputRecord
 from levanter_mars.training.run.identity import checkpoint_dir, describe_run, run_dir, stable_run_id
 from levanter_mars.training.run.launch_id import LAUNCH_ID_ENV
@@ -53,6 +55,15 @@ def main(config: TrainAndEvalConfig) -> Optional[RunSummary]:
         distributed.leader_decides(
             lambda: bool(pydocs_corpus.prepare(config.embedded_corpus, config.embedded_corpus_sources)))
     validation.validate(config)
+    lease = run_lease.acquire_for(config)  # one live launch per run: refused here, nothing of the run touched
+    try:
+        return _train(config, clock, lease)
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _train(config: TrainAndEvalConfig, clock, lease: Optional[run_lease.RunLease]) -> Optional[RunSummary]:
     compilation_cache.enable(config.trainer)
     wandb_offline_unless_configured(config.trainer)
     only_process_zero_tracks(config.trainer)
@@ -76,9 +87,10 @@ def main(config: TrainAndEvalConfig) -> Optional[RunSummary]:
     with log_file_named_by_run_id():
         levanter.initialize(config)
     try:
-        train_lm(config, run_info=run_info, resume=resume, add_hooks=_eval_hooks(config, record), goodput=record)
+        train_lm(config, run_info=run_info, resume=resume, add_hooks=_eval_hooks(config, record), goodput=record,
+                 lease=lease)
     except BaseException as e:
-        if record is not None:
+        if record is not None and not (isinstance(e, RunLeasedError) and lease is not None and lease.lost):
             record.close(exit_code(e), f"{type(e).__name__}: {e}")
         raise
     if record is not None:

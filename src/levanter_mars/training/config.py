@@ -45,6 +45,9 @@ class TrainLmConfig(upstream_train_lm.TrainLmConfig):
     installed distribution's docs, ~13M tokens: runs that must not repeat data). See ``data/pydocs_corpus.py``."""
     fresh: bool = False
     """Start over instead of resuming: the previous run directory and checkpoints are moved aside, not deleted."""
+    take_over: bool = False
+    """Take the run from the launch that holds its lease although that lease is live (``training/run/lease.py``): for
+    a holder known dead that cannot be seen as such (another machine), instead of waiting for its lease to lapse."""
     plot: bool = True
     """Save loss_curve.png in the run directory at the end."""
 

@@ -31,6 +31,7 @@ from levanter_mars.training.config import TrainLmConfig
 from levanter_mars.training.checkpointing.resume import ResumePlan
 from levanter_mars.training.run import goodput_clock
 from levanter_mars.training.run.goodput import GoodputRecord
+from levanter_mars.training.run.lease import RunLease
 from levanter_mars.training.trainer import MarsTrainer
 
 logger = logging.getLogger(__name__)
@@ -40,11 +41,11 @@ HookInstaller = Callable[[MarsTrainer, object], None]
 
 
 def train_lm(config: TrainLmConfig, *, run_info: dict, resume: Optional[ResumePlan], add_hooks: HookInstaller,
-             goodput: Optional[GoodputRecord] = None):  # fmt: skip
+             goodput: Optional[GoodputRecord] = None, lease: Optional[RunLease] = None):  # fmt: skip
     tokenizer = config.data.the_tokenizer
     converter = hf_converter(config.model, tokenizer)
 
-    with build_trainer(config, run_info=run_info, resume=resume, goodput=goodput) as trainer:
+    with build_trainer(config, run_info=run_info, resume=resume, goodput=goodput, lease=lease) as trainer:
         data_key, _loader_key, model_key, training_key = jrandom.split(jrandom.PRNGKey(config.trainer.seed), 4)
         if config.data_seed is not None:
             data_key = jrandom.PRNGKey(config.data_seed)
@@ -75,7 +76,7 @@ def train_lm(config: TrainLmConfig, *, run_info: dict, resume: Optional[ResumePl
 
 
 def build_trainer(config: TrainLmConfig, *, run_info: dict, resume: Optional[ResumePlan],
-                  goodput: Optional[GoodputRecord] = None) -> MarsTrainer:  # fmt: skip
+                  goodput: Optional[GoodputRecord] = None, lease: Optional[RunLease] = None) -> MarsTrainer:  # fmt: skip
     """The trainer, its optimizer and loss, as training runs them (pre-flight compiles the same step)."""
     boolean_loss_masks()  # the training and eval losses (and pre-flight's), on jax >= 0.8 (compat entry 7)
     auto_axes_data_mesh()  # the data loader's batches, on jax >= 0.10 (compat entry 35)
@@ -83,7 +84,8 @@ def build_trainer(config: TrainLmConfig, *, run_info: dict, resume: Optional[Res
     loss_function = differentiable_loss(
         functools.partial(compute_next_token_loss, logsumexp_weight=config.z_loss_weight)
     )
-    return MarsTrainer(config.trainer, optimizer, loss_function, run_info=run_info, resume=resume, goodput=goodput)
+    return MarsTrainer(config.trainer, optimizer, loss_function, run_info=run_info, resume=resume, goodput=goodput,
+                       lease=lease)
 
 
 def vocab_axis(vocab_size: int, trainer: MarsTrainer) -> Axis:

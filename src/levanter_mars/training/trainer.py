@@ -36,6 +36,7 @@ from levanter_mars.optim.guard import skip_nonfinite_updates
 from levanter_mars.training import distributed
 from levanter_mars.training.checkpointing.writer import VerifiedCheckpointer, VerifiedCheckpointerConfig
 from levanter_mars.training.checkpointing.storage import check_writable
+from levanter_mars.training.run.lease import RunLease
 from levanter_mars.training.errors import CheckpointError, DataExhaustedError
 from levanter_mars.training.run import goodput_clock
 from levanter_mars.training.run.goodput import GoodputRecord
@@ -110,12 +111,13 @@ class BatchObjective:
 class MarsTrainer(FixedTrainer):
     """See the module docstring. ``run_info`` (optimizer and model description) is stored in every checkpoint
     manifest and checked on resume; ``resume`` is process 0's decision of what to resume from; ``goodput`` is the
-    run's goodput record (process 0)."""
+    run's goodput record and ``lease`` the run's lease (process 0): checked every step, verified before each
+    checkpoint."""
 
     config: MarsTrainerConfig
 
     def __init__(self, config, optimizer, loss_fn, *, run_info: dict, resume: Optional[ResumePlan],
-                 goodput: Optional[GoodputRecord] = None):  # fmt: skip
+                 goodput: Optional[GoodputRecord] = None, lease: Optional[RunLease] = None):  # fmt: skip
         if not isinstance(config, MarsTrainerConfig):
             raise TypeError("MarsTrainer needs a MarsTrainerConfig (use levanter_mars' TrainLmConfig)")
         if config.nonfinite not in NONFINITE_POLICIES:
@@ -123,6 +125,7 @@ class MarsTrainer(FixedTrainer):
         self.run_info = run_info
         self.resume_plan = resume
         self.goodput = goodput
+        self.lease = lease
         self._resume_from: Optional[str] = None
         super().__init__(config, skip_nonfinite_updates(optimizer), loss_fn)
         # One writer: on a pod only process 0 keeps metrics.jsonl (hosts may share the log directory).
@@ -135,6 +138,8 @@ class MarsTrainer(FixedTrainer):
             self.metrics.flush()
 
     def before_checkpoint(self, step: int) -> None:
+        # Every host saves: all stop together if another launch took the run over.
+        distributed.leader_decides(lambda: self.lease.verify() if self.lease is not None else None)
         self.flush_metrics()
         if self.goodput is not None:
             self.goodput.checkpoint_saving(step)
@@ -151,6 +156,8 @@ class MarsTrainer(FixedTrainer):
         self.add_first_hook(NonFiniteMonitor(self.config.nonfinite, self.config.max_consecutive_nonfinite))
         if self.goodput is not None:
             self.add_first_hook(_StepRecorder(self.goodput))
+        if self.lease is not None:
+            self.add_first_hook(_LeaseCheck(self.lease))
 
     # ---------------------------------------------------------------------------------------------- resume
     @property
@@ -256,3 +263,13 @@ class _StepRecorder(Callback):
 
     def on_step(self, info, force: bool = False):
         self.record.step_done(info.step)
+
+
+class _LeaseCheck(Callback):
+    """Stops the run at the first step after its lease was found taken over (process 0; its peers follow it)."""
+
+    def __init__(self, lease: RunLease):
+        self.lease = lease
+
+    def on_step(self, info, force: bool = False):
+        self.lease.check()

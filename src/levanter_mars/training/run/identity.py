@@ -13,7 +13,7 @@ from levanter.distributed import DistributedConfig
 from levanter.optim import OptimizerConfig
 
 # Fields that do not change what is trained, and so do not change the derived run id.
-_ID_EXCLUDED = ("fresh", "plot", "eval_harness_failure")
+_ID_EXCLUDED = ("fresh", "take_over", "plot", "eval_harness_failure")
 #: Fields added after ids were first derived, with the value every earlier run had: left out of the hash at that value,
 #: so runs started before the field existed keep their id.
 _FIELDS_ADDED = {"embedded_corpus_sources": "stdlib"}

@@ -118,3 +118,35 @@ def test_with_a_shared_base_path_only_this_runs_checkpoints_are_set_aside(tmp_pa
     assert sorted(p.name for p in aside.iterdir()) == ["step-10", "step-20"]
     assert (base / "other-run" / "step-5" / "keep.txt").exists() and (base / "compile-cache" / "keep.txt").exists()
     assert discover_latest_checkpoint(str(base)) is None, "the set-aside checkpoints are out of Levanter's sight"
+
+
+def test_with_a_shared_base_path_each_run_has_its_own_fresh_marker(tmp_path):
+    """Issue 46 (6): two runs on one base path (``append_run_id_to_base_path: false``), each started fresh by its own
+    launch. On 2cf0d97 they shared ``<base>/FRESH_START.json``: the second run's set-aside moved the first run's marker
+    away and wrote its own, and the first launch's retry then set aside the checkpoints it had just trained."""
+    base = tmp_path / "shared"
+    first = _config(tmp_path, run_id="first", base_path=str(base), append_run_id_to_base_path=False)
+    second = _config(tmp_path, run_id="second", base_path=str(base), append_run_id_to_base_path=False)
+    fresh.set_aside_run(first, {LAUNCH_ID_ENV: "launch-a"})
+    fresh.set_aside_run(second, {LAUNCH_ID_ENV: "launch-b"})
+    assert sorted(p.name for p in base.glob("*FRESH_START.json")) == ["first.FRESH_START.json",
+                                                                      "second.FRESH_START.json"]  # fmt: skip
+    assert (fresh.applied_by(first), fresh.applied_by(second)) == ("launch-a", "launch-b")
+    (base / "step-10").mkdir()
+    (base / "step-10" / "metadata.json").write_text('{"step": 10, "timestamp": "2026-01-01T00:00:00"}')
+    assert fresh.set_aside_run(first, {LAUNCH_ID_ENV: "launch-a"}) == []  # launch a's retry resumes its run
+    assert (base / "step-10" / "metadata.json").exists()
+
+
+def test_a_launch_in_flight_across_the_upgrade_still_finds_its_shared_marker(tmp_path):
+    """A marker written by the layout before the upgrade (``<base>/FRESH_START.json``) that names this launch: its
+    retry resumes, as it did before."""
+    base = tmp_path / "shared"
+    config = _config(tmp_path, base_path=str(base), append_run_id_to_base_path=False)
+    base.mkdir()
+    (base / "FRESH_START.json").write_text('{"launch_id": "launch-a", "set_aside": []}')
+    (base / "step-10").mkdir()
+    (base / "step-10" / "metadata.json").write_text('{"step": 10, "timestamp": "2026-01-01T00:00:00"}')
+    assert fresh.set_aside_run(config, {LAUNCH_ID_ENV: "launch-a"}) == []
+    assert fresh.set_aside_run(config, {LAUNCH_ID_ENV: "launch-b"}) != [], "another launch's fresh still applies"
+    assert not (base / "step-10").exists()

@@ -1,4 +1,4 @@
-"""The goodput record (training/run/goodput*.py): an attempt's phases as its clock measures them, compilations moved to
+"""The goodput record (training/run/goodput/): an attempt's phases as its clock measures them, compilations moved to
 ``compile`` from jax's own events, a dead attempt completed by the next one from what it left, redone steps counted as
 lost, write-then-rename, the summary lines and the timeline. End to end (a killed pod through the launcher, on local
 disk; a killed run with its cache on gs://): tests/test_infra_local_ray.py, tests/test_gcs.py."""
@@ -13,8 +13,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from levanter_mars.training.run import goodput, goodput_clock
-from levanter_mars.training.run.goodput_report import describe, plot_goodput
+from levanter_mars.training.run import goodput
+from levanter_mars.training.run.goodput import arithmetic, record
+from levanter_mars.training.run.goodput import clock as goodput_clock
+from levanter_mars.training.run.goodput.report import describe, plot_goodput
 
 
 def _iso(t: float) -> str:
@@ -41,7 +43,7 @@ class FixedClock:
 def now(monkeypatch):
     """The record's time, set by the test."""
     current = [T0]
-    monkeypatch.setattr(goodput, "_now", lambda: current[0])
+    monkeypatch.setattr(record, "_now", lambda: current[0])
     return current
 
 
@@ -127,10 +129,10 @@ def test_settling_is_idempotent_and_a_resume_before_an_attempt_loses_all_of_its_
          "seconds": {"startup": 1, "compile": 1, "train": 8, "checkpoint": 0, "eval": 0, "lost": 0}},
     ]  # fmt: skip
     for _ in range(3):
-        goodput.settle(attempts)
+        arithmetic.settle(attempts)
     assert [a["seconds"]["train"] for a in attempts] == [0.0, 10.0, 8.0]
     assert [a["seconds"]["lost"] for a in attempts] == [40.0, 18.0, 0.0]
-    totals = goodput.totals(attempts)  # three plain commands: three launches, the gaps between them not counted
+    totals = arithmetic.totals(attempts)  # three plain commands: three launches, the gaps between them not counted
     assert totals["wall_seconds"] == pytest.approx(50 + 30 + 10)
     assert totals["productive_seconds"] == pytest.approx(18.0)
 
@@ -151,3 +153,53 @@ def test_the_summary_and_the_timeline_show_every_attempt(tmp_path, now):
     assert lines[3] == "  eval failed at step 20 (attempt 2): pydocs_mc: ValueError: scoring failed"
     png = plot_goodput(data, tmp_path / "goodput.png")
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n" and os.path.getsize(png) > 10_000
+
+
+def test_a_rerun_of_a_complete_run_is_no_attempt_but_a_start_up_failure_is(tmp_path, now):
+    """Issue 46 (5): a plain rerun of a finished command trains nothing and ends done; on 2cf0d97 it added an attempt
+    and lowered the goodput (0.9 -> 0.75 with no training). A rerun that fails before training is an attempt."""
+    run_dir = tmp_path / "run"
+    now[0] = T0 + 10
+    done = goodput.GoodputRecord.open(run_dir, FixedClock(now, T0, train=9.0), None)
+    done.begin(0)
+    done.close(0, "done")
+    before = goodput.read_record(run_dir / goodput.GOODPUT_FILENAME)
+    assert before["goodput"] == pytest.approx(0.9)
+
+    now[0] = T0 + 100
+    rerun = goodput.GoodputRecord.open(run_dir, FixedClock(now, T0 + 95), None)
+    rerun.close(0, "done")  # the trainer found the run complete: no begin()
+    assert goodput.read_record(run_dir / goodput.GOODPUT_FILENAME) == before
+
+    now[0] = T0 + 200
+    failed = goodput.GoodputRecord.open(run_dir, FixedClock(now, T0 + 195), None)
+    failed.close(2, "ConfigError: data.train_urls[0]: no such file")
+    after = goodput.read_record(run_dir / goodput.GOODPUT_FILENAME)
+    assert [a["exit_code"] for a in after["attempts"]] == [0, 2]
+    assert after["wall_seconds"] == pytest.approx(10.0 + 5.0)
+
+
+def test_a_rerun_of_a_complete_run_still_completes_the_attempt_that_died_after_its_last_step(tmp_path, now):
+    """The last attempt trained every step, then died before recording its end: the rerun (complete, no attempt of
+    its own) completes it from metrics.jsonl."""
+    run_dir = tmp_path / "run"
+    _attempt_one(run_dir, now)
+    metrics = run_dir / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps({"step": s, "train/loss": 1.0}) + "\n" for s in range(20)))
+    os.utime(metrics, (T0 + 56, T0 + 56))
+    now[0] = T0 + 90
+    rerun = goodput.GoodputRecord.open(run_dir, FixedClock(now, T0 + 85), None)
+    rerun.close(0, "done")
+    (only,) = goodput.read_record(run_dir / goodput.GOODPUT_FILENAME)["attempts"]
+    assert only["last_step"] == 19 and only["ended"] == _iso(T0 + 56) and "completed by attempt" in only["reason"]
+
+
+def test_a_dead_attempt_is_not_credited_with_steps_an_earlier_attempt_logged():
+    """metrics.jsonl newer than the dead attempt's last record, but its last step is before the attempt began (the
+    log of an earlier attempt, rewritten on resume): the attempt ended at its last record."""
+    entry = arithmetic.new_entry([], "L", T0)
+    entry.update(first_step=30, last_step=34, updated=_iso(T0 + 20))
+    arithmetic.complete_dead_attempt(entry, (T0 + 25, 29), completed_by=2)
+    assert (entry["ended"], entry["last_step"], entry["unrecorded"]) == (_iso(T0 + 20), 34, 0.0)
+    arithmetic.complete_dead_attempt(entry, (T0 + 25, 36), completed_by=2)
+    assert (entry["ended"], entry["last_step"], entry["unrecorded"]) == (_iso(T0 + 25), 36, 5.0)

@@ -30,7 +30,7 @@ from levanter_mars.eval import report
 from levanter_mars.eval.suite import EvalSuiteConfig, TaskSpecError
 from levanter_mars.training import distributed
 from levanter_mars.training.errors import EVAL_FAILURE_POLICIES, EvalFailedError
-from levanter_mars.training.run import goodput_clock
+from levanter_mars.training.run.goodput import clock as goodput_clock
 
 logger = logging.getLogger(__name__)
 

@@ -29,9 +29,10 @@ from levanter_mars.training.data import cache_check, pydocs_corpus
 from levanter_mars.training.data import sources as data
 from levanter_mars.training.errors import ERROR_EXIT_CODES, ExitCode, RunLeasedError
 from levanter_mars.training.lm import train_lm
-from levanter_mars.training.run import fresh, goodput_clock, record_copy
+from levanter_mars.training.run import fresh, record_copy
 from levanter_mars.training.run import lease as run_lease
 from levanter_mars.training.run.goodput import GoodputRecord
+from levanter_mars.training.run.goodput import clock as goodput_clock
 from levanter_mars.training.run.identity import checkpoint_dir, describe_run, run_dir, stable_run_id
 from levanter_mars.training.run.launch_id import LAUNCH_ID_ENV
 from levanter_mars.training.run.summary import RunSummary, summarize

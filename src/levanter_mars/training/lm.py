@@ -29,7 +29,7 @@ from levanter_mars.compat.levanter_models import differentiable_loss, hf_convert
 from levanter_mars.optim.roles import audit_model
 from levanter_mars.training.config import TrainLmConfig
 from levanter_mars.training.checkpointing.resume import ResumePlan
-from levanter_mars.training.run import goodput_clock
+from levanter_mars.training.run.goodput import clock as goodput_clock
 from levanter_mars.training.run.goodput import GoodputRecord
 from levanter_mars.training.run.lease import RunLease
 from levanter_mars.training.trainer import MarsTrainer

@@ -38,7 +38,7 @@ from levanter_mars.training.checkpointing.writer import VerifiedCheckpointer, Ve
 from levanter_mars.training.checkpointing.storage import check_writable
 from levanter_mars.training.run.lease import RunLease
 from levanter_mars.training.errors import CheckpointError, DataExhaustedError
-from levanter_mars.training.run import goodput_clock
+from levanter_mars.training.run.goodput import clock as goodput_clock
 from levanter_mars.training.run.goodput import GoodputRecord
 from levanter_mars.training.run.metrics import METRICS_FILENAME, JsonlMetricsTracker
 from levanter_mars.training.nonfinite import NONFINITE_POLICIES, NonFiniteMonitor

@@ -20,7 +20,7 @@ from levanter_mars.training.checkpointing import manifest
 from levanter_mars.training.checkpointing.quarantine import clear_quarantine_marker
 from levanter_mars.training.checkpointing.storage import MANIFEST_NAME, METADATA_NAME
 from levanter_mars.training.errors import CheckpointError, NonFiniteTrainingError
-from levanter_mars.training.run import goodput_clock
+from levanter_mars.training.run.goodput import clock as goodput_clock
 
 
 @dataclass

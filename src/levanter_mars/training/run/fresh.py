@@ -14,8 +14,8 @@ any later run (``fresh`` or not: it must not resume from half a checkpoint), fin
 same destinations first. What is empty (a checkpoint directory the writability probe just created) is not moved.
 
 With ``trainer.checkpointer.append_run_id_to_base_path: false`` the checkpoint directory is the base path, which
-other runs may share: only this run's checkpoints (its ``step-N`` directories) and markers are moved, into
-``<base path>/<run id>.old-<time>/``.
+other runs may share: the marker is ``<base path>/<run id>.FRESH_START.json``, one per run, and only this run's
+checkpoints (its ``step-N`` directories) and marker are moved, into ``<base path>/<run id>.old-<time>/``.
 """
 
 from __future__ import annotations
@@ -77,8 +77,11 @@ def _finish(config, intent: dict) -> list[str]:
 
 def applied_by(config) -> Optional[str]:
     """The launch whose ``fresh=true`` started the run now in the checkpoint directory, if any."""
-    record = _read_json(_marker(config))
-    return record.get("launch_id") if isinstance(record, dict) else None
+    for path in (_marker(config), _legacy_marker(config)):
+        record = _read_json(path) if path else None
+        if isinstance(record, dict):
+            return record.get("launch_id")
+    return None
 
 
 def read_intent(config) -> Optional[dict]:
@@ -172,6 +175,17 @@ def _exists(path: str) -> bool:
 
 
 def _marker(config) -> str:
+    ckpt = checkpoint_dir(config).rstrip("/")
+    if config.trainer.checkpointer.append_run_id_to_base_path:
+        return ckpt + "/" + FRESH_MARKER
+    return posixpath.join(ckpt, f"{config.trainer.id}.{FRESH_MARKER}")  # a base path other runs may share
+
+
+def _legacy_marker(config) -> Optional[str]:
+    """Before 2026-12 a shared base path held one ``FRESH_START.json`` for every run: still read, for a launch in
+    flight across an upgrade (a launch id names one launch, so a marker naming this launch is this run's)."""
+    if config.trainer.checkpointer.append_run_id_to_base_path:
+        return None
     return checkpoint_dir(config).rstrip("/") + "/" + FRESH_MARKER
 
 

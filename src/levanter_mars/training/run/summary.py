@@ -8,7 +8,7 @@ from typing import Optional
 
 from levanter_mars.training.config import TrainLmConfig
 from levanter_mars.training.run.goodput import GOODPUT_FILENAME, read_record
-from levanter_mars.training.run.goodput_report import describe, plot_goodput
+from levanter_mars.training.run.goodput.report import describe, plot_goodput
 from levanter_mars.training.run.identity import checkpoint_dir, run_dir
 from levanter_mars.training.run.metrics import METRICS_FILENAME, read_metrics
 from levanter_mars.training.run.plots import plot_loss_curves

@@ -2,7 +2,7 @@
 
 The attempt's wall time is split into ``startup`` (setup before the first step and teardown after the last, what is
 not compiling), ``compile``, ``train``, ``checkpoint`` and ``eval`` (the ``lost`` part of the record is decided
-later, by the attempt that redoes steps: see :mod:`.goodput`). The program says which phase it is in
+later, by the attempt that redoes steps: see :mod:`.arithmetic`). The program says which phase it is in
 (:meth:`PhaseClock.phase`, :func:`timed` for hooks); everything the main thread does in a phase counts to it, except compilation: jax reports the
 duration of each tracing, lowering and backend compile (or load from the compilation cache) through
 ``jax.monitoring``, and the clock moves those seconds from the phase they happened in to ``compile``. Compilations on

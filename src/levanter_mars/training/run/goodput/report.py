@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import datetime
 import os
 
-from levanter_mars.training.run.goodput_clock import CATEGORIES
+from levanter_mars.training.run.goodput.arithmetic import epoch
+from levanter_mars.training.run.goodput.clock import CATEGORIES
 
 #: One colour per category, the same in every figure.
 COLOURS = {"startup": "#9e9e9e", "compile": "#ff9800", "train": "#4caf50", "checkpoint": "#2196f3",
            "eval": "#9c27b0", "lost": "#f44336"}  # fmt: skip
-
-
-def _epoch(iso):
-    return datetime.datetime.fromisoformat(iso).timestamp() if iso else None
 
 
 def describe(data: dict) -> list[str]:
@@ -51,10 +47,10 @@ def plot_goodput(data: dict, output_png: str | os.PathLike) -> str:
     from matplotlib.patches import Patch
 
     attempts = data["attempts"]
-    origin = min(_epoch(a["started"]) for a in attempts)
+    origin = min(epoch(a["started"]) for a in attempts)
     fig, ax = plt.subplots(figsize=(9, 1.6 + 0.6 * len(attempts)), dpi=120)
     for row, entry in enumerate(attempts):
-        start = _epoch(entry["started"]) - origin
+        start = epoch(entry["started"]) - origin
         for category in CATEGORIES:
             width = float(entry["seconds"].get(category, 0.0))
             if width > 0:

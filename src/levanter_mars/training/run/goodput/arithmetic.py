@@ -1,0 +1,94 @@
+"""The record's arithmetic, pure: a new attempt's entry, a dead attempt completed from what it left, the training
+kept and lost once later attempts resume, and the totals. Nothing here reads a clock or a file (:mod:`.record` does)."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Optional
+
+from levanter_mars.training.run.goodput.clock import CATEGORIES
+
+
+def iso(seconds: Optional[float]) -> Optional[str]:
+    if seconds is None:
+        return None
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def epoch(stamp: Optional[str]) -> Optional[float]:
+    return datetime.datetime.fromisoformat(stamp).timestamp() if stamp else None
+
+
+def new_entry(attempts: list[dict], launch_id: Optional[str], started: float) -> dict:
+    """The entry of an attempt that starts at ``started``: its number counts the attempts of its launch."""
+    same_launch = [a for a in attempts if launch_id and a.get("launch_id") == launch_id]
+    return {
+        "launch_id": launch_id, "attempt": len(same_launch) + 1, "started": iso(started), "ended": None,
+        "exit_code": None, "reason": None, "first_step": None, "last_step": None,
+        "seconds": {k: 0.0 for k in CATEGORIES}, "updated": None, "checkpoint_marks": {},
+        "compile_cache": {"hits": 0, "misses": 0}, "eval_failures": [],
+    }  # fmt: skip
+
+
+def measured(entry: dict, seconds: dict[str, float], cache_use: dict[str, int], now: float) -> None:
+    """The attempt's clock and compile-cache counts so far, into its entry (``lost`` is :func:`settle`'s)."""
+    entry["seconds"] = {**{k: seconds.get(k, 0.0) for k in CATEGORIES}, "lost": 0.0}
+    entry["recorded_train"] = seconds["train"]
+    entry["compile_cache"] = dict(cache_use)
+    entry["updated"] = iso(now)
+
+
+def complete_dead_attempt(entry: dict, logged: Optional[tuple[float, int]], completed_by: int) -> None:
+    """An attempt that did not record its end (killed, preempted, a host lost): it ended when it was last seen, its
+    last record or ``logged`` (when ``metrics.jsonl`` was last written, and its last step), whichever is later, as
+    long as that log is of its steps; the time after its last record is lost."""
+    updated = epoch(entry.get("updated")) or epoch(entry["started"])
+    last_seen, last_step = updated, entry.get("last_step")
+    first = entry.get("first_step")
+    if logged is not None and logged[0] > updated and first is not None and logged[1] >= first:
+        last_seen, last_step = logged
+    entry["ended"] = iso(last_seen)
+    entry["last_step"] = last_step
+    entry["unrecorded"] = round(last_seen - updated, 3)
+    entry["reason"] = (f"ended without recording it (killed, preempted, or a host was lost); completed by attempt "
+                       f"{completed_by} from what it left")  # fmt: skip
+
+
+def train_kept(entry: dict, resumed_at: Optional[int]) -> float:
+    """Training seconds of ``entry`` that a resume at step ``resumed_at`` keeps (steps before it)."""
+    recorded = float(entry.get("recorded_train", entry["seconds"].get("train", 0.0)))
+    first, last = entry.get("first_step"), entry.get("last_step")
+    if resumed_at is None or first is None or last is None or resumed_at > last:
+        return recorded
+    if resumed_at <= first:
+        return 0.0
+    marks = {int(k): float(v) for k, v in (entry.get("checkpoint_marks") or {}).items()}
+    if resumed_at in marks:
+        return min(marks[resumed_at], recorded)
+    # Not a checkpoint this attempt wrote a mark for (cannot happen for its own checkpoints): by the step count.
+    return recorded * (resumed_at - first) / max(1, last + 1 - first)
+
+
+def settle(attempts: list[dict]) -> None:
+    """Recomputes each attempt's ``train`` and ``lost`` from the steps later attempts resumed at (idempotent)."""
+    for i, entry in enumerate(attempts):
+        later = [a["first_step"] for a in attempts[i + 1 :] if a.get("first_step") is not None]
+        recorded = float(entry.setdefault("recorded_train", entry["seconds"].get("train", 0.0)))
+        kept = train_kept(entry, min(later) if later else None)
+        entry["seconds"]["train"] = round(kept, 3)
+        entry["seconds"]["lost"] = round(recorded - kept + float(entry.get("unrecorded", 0.0)), 3)
+
+
+def totals(attempts: list[dict]) -> dict[str, Any]:
+    """``wall_seconds`` (each launch, first start to last end, summed), ``productive_seconds``, ``goodput``."""
+    spans: dict[Any, list[float]] = {}
+    for i, entry in enumerate(attempts):
+        start = epoch(entry["started"])
+        end = epoch(entry.get("ended")) or epoch(entry.get("updated")) or start
+        key = entry.get("launch_id") or f"plain-{i}"
+        low, high = spans.get(key, (start, end))
+        spans[key] = [min(low, start), max(high, end)]
+    wall = sum(high - low for low, high in spans.values())
+    productive = sum(float(a["seconds"].get("train", 0.0)) for a in attempts)
+    return {"wall_seconds": round(wall, 3), "productive_seconds": round(productive, 3),
+            "goodput": round(productive / wall, 4) if wall > 0 else None}  # fmt: skip

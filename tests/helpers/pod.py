@@ -132,7 +132,9 @@ class PodRun:
 def start_pod(
     config_path: Path, *extra: str, num_processes: int = 2, devices: int = 2, log_dir: Path, prelude: str = "",
     name: Optional[str] = None, env: Optional[dict[str, str]] = None,
+    process_env: Callable[[int], dict[str, str]] = lambda i: {},
 ) -> PodRun:
+    """``process_env(i)``: what process ``i``'s environment adds (a multi-slice pod's ``MEGASCALE_SLICE_ID``)."""
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     env = _env({**(env or {}), "XLA_FLAGS": device_flags(devices)})
@@ -141,7 +143,8 @@ def start_pod(
         log = log_dir / f"{name or config_path.stem}.process-{i}.{port}.log"
         with open(log, "w") as out:
             arguments = cli_arguments(config_path, *extra, *pod_flags(num_processes, i, port), prelude=prelude)
-            procs.append(zygote.popen(arguments, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT))
+            procs.append(zygote.popen(arguments, cwd=REPO, env={**env, **process_env(i)}, stdout=out,
+                                      stderr=subprocess.STDOUT))  # fmt: skip
         logs.append(log)
     return PodRun(procs, logs)
 

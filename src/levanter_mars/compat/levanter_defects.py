@@ -246,4 +246,13 @@ DEFECTS: tuple[Defect, ...] = (
         COMPAT_TESTS + "test_defect_41_a_fresh_trainer_states_step_is_weakly_typed_a_loaded_one_not_and_the_workaround_"
         "aligns_them",
     ),
+    Defect(
+        42,
+        LEVANTER,
+        "slices are counted only from device.slice_index, which CPU devices lack (or hold as 0 in a pod): the "
+        "launcher's MEGASCALE_NUM_SLICES is ignored, and a multi-slice local pod trains as one slice, its DCN axes "
+        "dropped or refused",
+        "compat.levanter_slices.create_fsdp_mesh",
+        "tests/test_multislice.py::test_defect_42_levanter_counts_no_slices_of_cpu_processes_and_the_workaround_does",
+    ),
 )

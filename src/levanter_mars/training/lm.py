@@ -23,6 +23,7 @@ from levanter.compat.hf_checkpoints import save_hf_checkpoint_callback
 from levanter.models.lm_model import compute_next_token_loss
 from levanter.utils.jax_utils import parameter_count
 
+from levanter_mars.compat import levanter_slices
 from levanter_mars.compat.levanter_data_mesh import auto_axes_data_mesh
 from levanter_mars.compat.levanter_loss import boolean_loss_masks
 from levanter_mars.compat.levanter_models import differentiable_loss, hf_converter
@@ -80,6 +81,7 @@ def build_trainer(config: TrainLmConfig, *, run_info: dict, resume: Optional[Res
     """The trainer, its optimizer and loss, as training runs them (pre-flight compiles the same step)."""
     boolean_loss_masks()  # the training and eval losses (and pre-flight's), on jax >= 0.8 (compat entry 7)
     auto_axes_data_mesh()  # the data loader's batches, on jax >= 0.10 (compat entry 35)
+    logger.info("Mesh: %s", levanter_slices.describe_mesh(config.trainer))
     optimizer = config.optimizer.build(config.trainer.num_train_steps)
     loss_function = differentiable_loss(
         functools.partial(compute_next_token_loss, logsumexp_weight=config.z_loss_weight)

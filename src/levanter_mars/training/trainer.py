@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -30,7 +31,9 @@ from levanter.tracker.wandb import WandbConfig
 from levanter.trainer import TrainerConfig
 from levanter.trainer_state import trainables_only
 from levanter.utils.tree_utils import inference_mode
+from jax.sharding import Mesh
 
+from levanter_mars.compat import levanter_slices
 from levanter_mars.compat.levanter_training import FixedTrainer, stop_data_loader, strongly_typed_step
 from levanter_mars.optim.guard import skip_nonfinite_updates
 from levanter_mars.training import distributed
@@ -78,6 +81,18 @@ class MarsTrainerConfig(TrainerConfig):
     def run_dir(self) -> Path:
         assert self.id is not None, "the run id is set before the trainer is built"
         return Path(self.log_dir) / self.id
+
+    @cached_property
+    def num_slices(self) -> int:
+        """The launcher's slices (``MEGASCALE_NUM_SLICES``), also where devices carry no slice index (compat 42)."""
+        return levanter_slices.slices_of_job(lambda: TrainerConfig.num_slices.func(self))
+
+    @property
+    def device_mesh(self) -> Mesh:
+        """Levanter's (replica, data, model) mesh, its DCN axes across the slices of processes (compat 42)."""
+        return levanter_slices.create_fsdp_mesh(self.replica_ici_axis_size, self.data_ici_axis_size,
+                                                self.model_axis_size, self.replica_dcn_axis_size,
+                                                self.data_dcn_axis_size)  # fmt: skip
 
 
 class BatchObjective:

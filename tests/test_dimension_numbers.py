@@ -21,7 +21,7 @@ import pytest
 from levanter_mars.optim import mars, mars_m, mars_param_labels, tensor_roles
 from levanter_mars.optim.dimension_numbers import MuonDimensionNumbers, _DimensionNumbers, with_dimension_numbers
 from levanter_mars.optim.mars import ADAMW_1D_LABEL, MARS_LABEL
-from levanter_mars.optim.roles import MATRIX, VECTOR, audit_roles
+from levanter_mars.optim.role_audit import MATRIX, VECTOR, audit_roles
 
 LAYERS, IN, OUT = 3, 8, 12
 #: Per-layer gradient scales: the clip of c_t fires on the last layer only (checked below).

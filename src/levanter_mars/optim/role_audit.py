@@ -11,8 +11,8 @@ The table counts tensors, the per-layer (and per-expert) matrices or vectors the
 parameters add up to the model's total. A tensor that no rule makes a matrix but that has more than one axis besides
 its layer axes is a warning naming it: it would otherwise take the 1-D branch silently.
 
-``python -m levanter_mars.optim.roles --config_path X`` prints the table for a training config without training (the
-trainer logs the same table before its first step); ``--verbose`` adds every parameter with its branch, shape,
+``python -m levanter_mars.optim.role_audit --config_path X`` prints the table for a training config without training
+(the trainer logs the same table before its first step); ``--verbose`` adds every parameter with its branch, shape,
 per-tensor axes and matrix layout.
 """
 

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import optax
 
 from levanter_mars.optim import MuonDimensionNumbers, mars
-from levanter_mars.optim.roles import audit_roles
+from levanter_mars.optim.role_audit import audit_roles
 
 WIDTH, LAYERS, INPUTS, BATCH = 32, 4, 8, 64
 

@@ -21,7 +21,7 @@ import pytest
 from levanter_mars.optim import mars, mars_m, mars_param_labels, tensor_roles
 from levanter_mars.optim.dimension_numbers import MuonDimensionNumbers, _DimensionNumbers, with_dimension_numbers
 from levanter_mars.optim.mars import ADAMW_1D_LABEL, MARS_LABEL
-from levanter_mars.optim.roles import MATRIX, VECTOR, audit_roles
+from levanter_mars.optim.role_audit import MATRIX, VECTOR, audit_roles
 
 LAYERS, IN, OUT = 3, 8, 12
 #: Per-layer gradient scales: the clip of c_t fires on the last layer only (checked below).
@@ -218,3 +218,28 @@ def test_named_arrays_keep_their_rule_unless_given_dimension_numbers():
 def test_bad_dimension_numbers_raise_naming_the_parameter(numbers, params, match):
     with pytest.raises(ValueError, match=rf"weight_dimension_numbers at \['kernel'\]: .*{match}"):
         mars(1e-2, weight_dimension_numbers={"kernel": numbers}).init({"kernel": params})
+
+
+@pytest.mark.parametrize(
+    "numbers",
+    [
+        MuonDimensionNumbers(reduction_axis=np.int64(1), output_axis=np.int32(2)),
+        MuonDimensionNumbers(reduction_axis=(np.int64(1),), output_axis=np.array([2])),
+        MuonDimensionNumbers(reduction_axis=np.int8(-2), output_axis=np.uint8(2)),
+    ],
+    ids=["numpy-scalars", "in-a-tuple-and-an-array", "negative-and-unsigned"],
+)
+def test_numpy_integers_are_axis_positions_like_ints(numbers):
+    params = {"w": jnp.zeros((LAYERS, IN, OUT))}
+    as_ints = with_dimension_numbers(tensor_roles(params), params, {"w": MuonDimensionNumbers(1, 2)})
+    assert as_ints["w"].rows == ("dim2",) and as_ints["w"].cols == ("dim1",) and as_ints["w"].layer_axes == ("dim0",)
+    assert with_dimension_numbers(tensor_roles(params), params, {"w": numbers}) == as_ints
+    mars(1e-2, weight_dimension_numbers={"w": numbers}).init(params)
+
+
+@pytest.mark.parametrize("axis", [True, np.bool_(True), (1, False), 1.0],
+                         ids=["bool", "numpy-bool", "in-a-tuple", "float"])
+def test_an_axis_neither_an_integer_nor_a_name_is_refused_naming_the_parameter(axis):
+    numbers = {"kernel": MuonDimensionNumbers(reduction_axis=axis, output_axis=2)}
+    with pytest.raises(TypeError, match=r"weight_dimension_numbers at \['kernel'\]: reduction_axis .* is neither"):
+        mars(1e-2, weight_dimension_numbers=numbers).init({"kernel": jnp.zeros((2, 3, 4))})

@@ -1,9 +1,12 @@
 """Layout rules, checked over the sources: ``infra/`` and ``bench/`` reach the training program's config
-(``levanter_mars.program_config``) without going through ``eval/``, and no class is imported under another name (one
-name per class wherever it is used)."""
+(``levanter_mars.program_config``) without going through ``eval/``, no class is imported under another name (one
+name per class wherever it is used), and no module of the package reaches itself through its imports (no import
+circle, function-level imports included: tests/helpers/import_graph.py)."""
 
 import ast
 from pathlib import Path
+
+from tests.helpers.import_graph import cycles, import_graph, mutual_imports
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "levanter_mars"
@@ -46,3 +49,35 @@ def test_no_class_is_imported_under_another_name():
         if alias.asname and alias.asname != alias.name and alias.name[:1].isupper() and not alias.name.isupper()
     ]
     assert not aliased, aliased
+
+
+def test_no_two_modules_import_each_other():
+    assert not mutual_imports(import_graph(PACKAGE))
+
+
+def test_no_import_circle_between_modules():
+    assert not cycles(import_graph(PACKAGE)), "import circles: " + "; ".join(
+        " -> ".join(cycle) for cycle in cycles(import_graph(PACKAGE)))
+
+
+def test_the_import_graph_sees_function_level_relative_and_from_package_imports(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "a.py").write_text("def f():\n    from pkg.sub import b\n")  # function level, module named in from
+    (package / "sub" / "b.py").write_text("from . import c\n")  # relative
+    (package / "sub" / "c.py").write_text("import pkg.a\nimport os\n")
+    (package / "d.py").write_text("from pkg.sub.c import something\nfrom pkg import e\n")
+    (package / "e.py").write_text("import pkg.d\n")
+    graph = import_graph(package)
+    assert graph["pkg.a"] == {"pkg.sub.b"} and graph["pkg.sub.b"] == {"pkg.sub.c"} and graph["pkg.sub.c"] == {"pkg.a"}
+    assert mutual_imports(graph) == [("pkg.d", "pkg.e")]
+    assert sorted(cycles(graph)) == [["pkg.a", "pkg.sub.b", "pkg.sub.c", "pkg.a"], ["pkg.d", "pkg.e", "pkg.d"]]
+
+
+def test_the_package_graph_holds_its_known_edges():
+    graph = import_graph(PACKAGE)  # a walker that missed imports would pass the rules above for nothing
+    assert "levanter_mars.training.distributed" in graph["levanter_mars.training.compilation_cache"]
+    assert {"levanter_mars.training.compilation_cache", "levanter_mars.training.distributed"} <= graph[
+        "levanter_mars.training.pod_start"]

@@ -279,7 +279,7 @@ CLIP_TOLERANCE = 2e-6
                                   lambda: mars_m(1e-2)], ids=["mars", "mars-shampoo-clipped", "mars-m"])
 def test_float64_parameters_train_in_float64(make):
     """With jax_enable_x64, float64 parameters keep float64 updates and state (the CPU and default forms of
-    fewer_passes.ordered_on_cpu used to disagree on the dtype: a TypeError at trace time)."""
+    cpu_write_order.ordered_on_cpu used to disagree on the dtype: a TypeError at trace time)."""
     previous = jax.config.jax_enable_x64
     jax.config.update("jax_enable_x64", True)
     try:

@@ -6,26 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from levanter_mars.optim import fewer_passes
-from levanter_mars.optim.fewer_passes import (
-    corrected_gradient_and_norm,
-    norm_from_dot_products,
-    ordered_on_cpu,
-    squared_norm,
-)
+from levanter_mars.optim.fewer_passes import corrected_gradient_and_norm, norm_from_dot_products, squared_norm
+from tests.helpers.platform_branch import branch  # noqa: F401  (a fixture)
 
 EPS32 = float(np.finfo(np.float32).eps)
-
-
-@pytest.fixture(params=["cpu", "default"])
-def branch(request, monkeypatch):
-    """Which branch of ``platform_dependent`` runs: XLA:CPU's (this machine's), or ``default``, the one XLA:TPU and
-    every other platform take, run here by calling it in place of ``jax.lax.platform_dependent``."""
-    if request.param == "default":
-        monkeypatch.setattr(fewer_passes, "platform_dependent", lambda *args, cpu, default: default(*args))
-    jax.clear_caches()  # jit's traces are kept per function, whichever branch they were traced with
-    yield request.param
-    jax.clear_caches()
 
 
 def _pair(shape, seed=0):
@@ -77,12 +61,3 @@ def test_without_previous_gradient_the_corrected_gradient_is_the_clipped_gradien
     c, norm = corrected_gradient_and_norm(g, None, 0.025, 0.95, clips=(0.5, 1.0))
     np.testing.assert_allclose(np.asarray(c), 0.5 * np.asarray(g), rtol=1e-7)
     assert abs(float(norm) - 0.5 * np.linalg.norm(np.asarray(g, np.float64))) <= 1e-6 * float(norm)
-
-
-def test_ordered_on_cpu_is_its_scale_depending_on_its_dependencies_on_cpu_only(branch):
-    """Its value is the scale; on XLA:CPU it also depends on each dependency by data (what keeps XLA:CPU from copying
-    the donated buffers, tests/test_update_traffic.py), elsewhere not at all. A NaN dependency shows which."""
-    x, _ = _pair((16, 4))
-    assert float(jax.jit(ordered_on_cpu)(jnp.float32(0.7), x)) == np.float32(0.7)
-    with_nan = float(jax.jit(ordered_on_cpu)(jnp.float32(0.7), x, x.at[0, 0].set(jnp.nan)))
-    assert np.isnan(with_nan) if branch == "cpu" else with_nan == np.float32(0.7)

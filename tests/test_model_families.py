@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from levanter_mars.optim import roles
+from levanter_mars.optim import role_audit
 from levanter_mars.training.run.metrics import read_metrics
 from tests.helpers.evals import include_suite
 from tests.helpers.scenarios import copy_of_run
@@ -55,7 +55,7 @@ def test_unsupported_families_and_features_are_refused_naming_them(tmp_path, pyd
 
 
 def test_role_audit_cli_prints_the_table_without_training(capsys):
-    code = roles.main(["--config_path", str(REPO / "config" / "nano_mixtral_mars_m.yaml"), "--vocab_size", "4096"])
+    code = role_audit.main(["--config_path", str(REPO / "config" / "nano_mixtral_mars_m.yaml"), "--vocab_size", "4096"])
     out = capsys.readouterr().out
     assert code == 0, out
     lines = {line.split("  ")[0].strip(): line for line in out.splitlines()}
@@ -67,7 +67,7 @@ def test_role_audit_cli_prints_the_table_without_training(capsys):
 
 
 def test_role_audit_cli_verbose_lists_every_parameter_with_its_branch_shape_and_per_tensor_axes(capsys):
-    code = roles.main(["--config_path", str(REPO / "config" / "nano_mixtral_mars_m.yaml"), "--vocab_size", "4096",
+    code = role_audit.main(["--config_path", str(REPO / "config" / "nano_mixtral_mars_m.yaml"), "--vocab_size", "4096",
                        "--verbose"])
     out = capsys.readouterr().out
     assert code == 0, out
@@ -83,7 +83,7 @@ def test_role_audit_cli_verbose_lists_every_parameter_with_its_branch_shape_and_
 
 
 def test_role_audit_cli_never_contacts_the_hub_for_a_tokenizer(capsys):
-    code = roles.main(["--config_path", str(REPO / "config" / "gpt2_small_mars.yaml")])
+    code = role_audit.main(["--config_path", str(REPO / "config" / "gpt2_small_mars.yaml")])
     err = capsys.readouterr().err
     assert code == 2 and "data.tokenizer 'gpt2' is not a local tokenizer directory" in err and "--vocab_size" in err
 
@@ -93,7 +93,7 @@ LADDER = {"150m": 74.3e6, "300m": 179.8e6, "600m": 442.7e6, "1_4b": 1111.9e6}
 
 @pytest.mark.parametrize("size", sorted(LADDER))
 def test_llama_ladder_configs_share_model_and_trainer_across_optimizers(size):
-    from levanter_mars.optim.roles import audit_model
+    from levanter_mars.optim.role_audit import audit_model
     from levanter_mars.training.config import parse_config
 
     configs = {opt: parse_config(["--config_path", str(REPO / "config" / f"llama_{size}_{opt}.yaml")])

@@ -20,7 +20,7 @@ import optax
 import pytest
 
 from levanter_mars.optim import TensorKind, TensorRole, mars, mars_m_roles, register_tensor_role_rule, tensor_roles
-from levanter_mars.optim.roles import EMBEDDING_OR_HEAD, MATRIX, audit_roles
+from levanter_mars.optim.role_audit import EMBEDDING_OR_HEAD, MATRIX, audit_roles
 from levanter_mars.optim.tensor_roles import is_role, register_expert_axis_name
 
 # The module, not the function ``levanter_mars.optim.tensor_roles`` that the package exports under its name.

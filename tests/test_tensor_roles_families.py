@@ -23,7 +23,7 @@ from levanter.utils.jax_utils import parameter_count
 
 from levanter_mars.optim import describe_roles, mars_m_roles, tensor_roles
 from levanter_mars.optim.levanter_config import MarsAdamWConfig, MarsMConfig
-from levanter_mars.optim.roles import EMBEDDING_OR_HEAD, MATRIX, VECTOR, audit_model, audit_roles
+from levanter_mars.optim.role_audit import EMBEDDING_OR_HEAD, MATRIX, VECTOR, audit_model, audit_roles
 from levanter_mars.optim.tensor_roles import is_role
 from tests.helpers.families import MORE_TINY_MODELS, TINY_MODELS, model_config
 

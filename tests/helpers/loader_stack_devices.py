@@ -1,6 +1,6 @@
-"""Compat 35 on two simulated devices (run as a subprocess by tests/test_compat.py): a batch element that sits on
-every device of the trainer's mesh, as on jax 0.10, stacked by Levanter's loader under its one-CPU mesh: without the
-workaround, with its Auto-axes mesh alone, and with all of it. Prints one JSON line."""
+"""Compat 35 on two simulated devices (run as a subprocess by tests/compat/test_levanter_data_mesh.py): a batch
+element that sits on every device of the trainer's mesh, as on jax 0.10, stacked by Levanter's loader under its
+one-CPU mesh: without the workaround, with its Auto-axes mesh alone, and with all of it. Prints one JSON line."""
 
 import json
 

@@ -1,6 +1,6 @@
 """Runs Levanter's eval-harness log-likelihood dispatch on a 2-device mesh, without and with the workaround of
 upstream defect 13, and prints a JSON summary. Run in a fresh process with
-XLA_FLAGS=--xla_force_host_platform_device_count=2 (tests/test_compat.py does)."""
+XLA_FLAGS=--xla_force_host_platform_device_count=2 (tests/compat/test_lm_eval_harness.py does)."""
 
 import json
 

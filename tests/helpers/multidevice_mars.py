@@ -83,7 +83,8 @@ def building_block_gathers() -> dict[str, list[str]]:
     (``jnp.vdot``, ``ravel(x)[0]``) makes XLA gather the whole matrix onto every device."""
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from levanter_mars.optim.fewer_passes import corrected_gradient_and_norm, ordered_on_cpu, squared_norm
+    from levanter_mars.optim.cpu_write_order import ordered_on_cpu
+    from levanter_mars.optim.fewer_passes import corrected_gradient_and_norm, squared_norm
 
     mesh = Mesh(np.array(jax.devices()), ("devices",))
     w = jax.device_put(jnp.ones((256, 1024)), NamedSharding(mesh, PartitionSpec(None, "devices")))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
-from levanter_mars.training.distributed import HEARTBEAT_TIMEOUT_S
+from levanter_mars.training.pod_start import HEARTBEAT_TIMEOUT_S
 from tests.helpers import zygote
 from tests.helpers.training import REPO, _env, cli_arguments
 from tests.helpers.xla_flags import device_flags

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 LEVANTER = "levanter==1.2.dev1644"
-#: Where most reproducing tests live.
-COMPAT_TESTS = "tests/test_compat.py::"
+#: Where most reproducing tests live: tests/compat/test_<module>*.py, named after the workaround's compat module.
+COMPAT_TESTS = "tests/compat/"
 
 
 class Defect(NamedTuple):

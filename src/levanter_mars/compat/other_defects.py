@@ -10,7 +10,7 @@ DEFECTS: tuple[Defect, ...] = (
         "datasets==4.8.5",
         "every load of a packaged builder sends a HEAD request to s3.amazonaws.com unless HF_HUB_OFFLINE is set",
         "compat.lm_eval_harness.no_datasets_download_counts",
-        COMPAT_TESTS + "test_defect_16_datasets_reports_each_packaged_builder_load_to_s3",
+        COMPAT_TESTS + "test_lm_eval_harness.py::test_defect_16_datasets_reports_each_packaged_builder_load_to_s3",
     ),
     Defect(
         17,
@@ -18,14 +18,15 @@ DEFECTS: tuple[Defect, ...] = (
         "wandb-core reaches for its API host (api.forge.coreweave.com) at shutdown when offline mode comes only from"
         " wandb.init(mode=...)",
         "compat.tracking.wandb_offline_unless_configured",
-        "tests/test_compat_wandb_offline.py::test_defect_17_offline_by_init_alone_reaches_for_the_api_host",
+        COMPAT_TESTS + "test_tracking_wandb_offline.py::test_defect_17_offline_by_init_alone_reaches_for_the_api_host",
     ),
     Defect(
         19,
         "python==3.11",
         "argparse's error prints the whole usage (240 lines of fields) before the line that matters",
         "compat.cli.argparse_errors_raise",
-        COMPAT_TESTS + "test_defect_19_argparse_prints_its_whole_usage_and_exits_and_the_workaround_raises",
+        COMPAT_TESTS + "test_cli.py::"
+        "test_defect_19_argparse_prints_its_whole_usage_and_exits_and_the_workaround_raises",
     ),
     Defect(
         23,
@@ -40,14 +41,15 @@ DEFECTS: tuple[Defect, ...] = (
         "haliax==1.4.dev453",
         "haliax calls jax.core.is_constant_dim, which jax 0.11 removed (benchmarks' GPU image only)",
         "compat.newer_jax.restore_jax_names_haliax_uses",
-        COMPAT_TESTS + "test_defect_24_haliax_calls_a_jax_name_newer_jax_removed_and_the_workaround_restores_it",
+        COMPAT_TESTS + "test_newer_jax.py::"
+        "test_defect_24_haliax_calls_a_jax_name_newer_jax_removed_and_the_workaround_restores_it",
     ),
     Defect(
         26,
         "ray==2.60.0",
         "the job config reaches the driver through an environment variable named only privately",
         "compat.ray_jobs.RAY_JOB_CONFIG_JSON_ENV_VAR",
-        COMPAT_TESTS + "test_defect_26_ray_names_the_job_config_variable_only_privately",
+        COMPAT_TESTS + "test_ray_jobs.py::test_defect_26_ray_names_the_job_config_variable_only_privately",
     ),
     Defect(
         37,

@@ -22,7 +22,7 @@ from levanter_mars.compat.tracking import only_process_zero_tracks, wandb_offlin
 from levanter_mars.eval import in_training
 from levanter_mars.eval.suite import EvalDatasetError, TaskSpecError
 from levanter_mars.program_config import TrainAndEvalConfig, parse_train_config
-from levanter_mars.training import compilation_cache, distributed, validation
+from levanter_mars.training import compilation_cache, distributed, pod_start, validation
 from levanter_mars.training.checkpointing.resume import plan_resume
 from levanter_mars.training.config import ConfigError
 from levanter_mars.training.data import cache_check, pydocs_corpus
@@ -49,7 +49,7 @@ def main(config: TrainAndEvalConfig) -> Optional[RunSummary]:
     if package_logger.level == logging.NOTSET:
         package_logger.setLevel(logging.INFO)
 
-    distributed.start(config.trainer)
+    pod_start.start(config.trainer)
     config.trainer.id = stable_run_id(config)
     if config.embedded_corpus:
         validation.check_embedded_corpus(config)  # before the corpus is built from it

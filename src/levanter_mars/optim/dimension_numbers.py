@@ -22,12 +22,15 @@ audit and warned about when an optimizer is initialized (:func:`warn_undeclared`
 
 from __future__ import annotations
 
+import numbers
+import operator
 import warnings
 from typing import Any, NamedTuple, Sequence
 
 import equinox as eqx
 import haliax as hax
 import jax
+import numpy as np
 
 from levanter_mars.optim.role_queries import role_entries, undeclared_multi_axis, undeclared_warning
 from levanter_mars.optim.tensor_roles import TensorKind, TensorRole, map_roles
@@ -66,8 +69,20 @@ def named_like_role(x: Any, role: TensorRole) -> Any:
     return x
 
 
+def _axis_specs(spec: Any, where: str, field: str) -> tuple[int | str, ...]:
+    """One field's axes, each a name or a Python int. Any integer counts (``numpy.int64`` from an array's shape
+    arithmetic, say); a bool, an int to Python, is refused: ``True`` is a mistake, not axis 1."""
+    several = isinstance(spec, Sequence) and not isinstance(spec, str)
+    specs = tuple(spec) if several or (isinstance(spec, np.ndarray) and spec.ndim) else (spec,)
+    for axis in specs:
+        if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (str, numbers.Integral)):
+            raise TypeError(f"weight_dimension_numbers at {where}: {field} {axis!r} is neither an axis position (an "
+                            "integer) nor an axis name (a string)")
+    return tuple(axis if isinstance(axis, str) else operator.index(axis) for axis in specs)
+
+
 def _resolve_axes(spec: Any, names: tuple[str, ...], named: bool, where: str, field: str) -> tuple[str, ...]:
-    specs = (spec,) if isinstance(spec, (int, str)) else tuple(spec)
+    specs = _axis_specs(spec, where, field)
     if not specs:
         raise ValueError(f"weight_dimension_numbers at {where}: {field} is empty")
     out = []

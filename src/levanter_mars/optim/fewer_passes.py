@@ -2,7 +2,8 @@ r"""The places where the MARS-family update is not written as the paper writes i
 
 The update is memory-bound: its cost is the number of parameter-sized passes over memory that the compiled program
 makes (``scripts/bench_optimizer.py --tpu`` counts them on XLA:TPU, ``docs/benchmarks.md`` has the figures). Each
-function below has a plain form in its docstring, which ``tests/test_mars_fewer_passes.py`` holds it to.
+function below has a plain form in its docstring, which ``tests/test_mars_fewer_passes.py`` holds it to. The order
+of the update's writes on XLA:CPU, which saves copies rather than passes, is ``cpu_write_order.py``.
 """
 
 from __future__ import annotations
@@ -11,11 +12,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-
-#: ``jax.lax.platform_dependent`` under a name of this module: tests/test_mars_fewer_passes.py replaces it to run, on
-#: a CPU, the branch every other platform takes.
-platform_dependent = jax.lax.platform_dependent
-
 
 def squared_norm(x: jax.Array) -> jax.Array:
     """``sum(x * x)`` in float32, as dot products along the last axis, then a sum over the rest.
@@ -72,34 +68,10 @@ def corrected_gradient_and_norm(
         return clips[0] * g, clips[0] * jnp.sqrt(squared_norm(g))
     c = (clips[0] * g - clips[1] * g_prev) * k + clips[0] * g
     a, b = clips[0] * (1.0 + k), -clips[1] * k
-    norm = platform_dependent(
+    norm = jax.lax.platform_dependent(
         g, g_prev, c,
         cpu=lambda g, g_prev, c: jnp.sqrt(squared_norm(c)),
         default=lambda g, g_prev, c: norm_from_dot_products(g, g_prev, a, b),
     )
     return c, norm
 
-
-def _zero_after(dependencies: tuple[jax.Array, ...]) -> jax.Array:
-    # x[0, ..., 0], not ravel(x)[0]: a reshape would gather a sharded x.
-    return sum((0.0 * x[(0,) * x.ndim] for x in dependencies if x is not None and x.size), jnp.zeros([], jnp.float32))
-
-
-def ordered_on_cpu(scale: Any, *dependencies: Any) -> Any:
-    """``scale``; on XLA:CPU, ``scale + 0 * dependency[0, ..., 0]`` for each dependency. Plain form: ``scale``.
-
-    Why: the new previous gradient (``scale * g``) replaces the donated previous-gradient buffer. On XLA:CPU, unless
-    its computation depends on the new moments by data (``optimization_barrier`` does not bind it: XLA:CPU expands
-    it away first), XLA cannot prove the old buffer is read before it is overwritten and copies the donated buffers
-    aside. XLA:TPU needs no such help and the dependency would cost it a pass (the new previous gradient could not be
-    written in the pass that writes the moments), so other platforms take the plain form
-    (``jax.lax.platform_dependent``, decided as the program is lowered for its platform). The dependencies are
-    outputs of the same tensor's update, so a non-finite one only marks a tensor that is already non-finite.
-    """
-    # Both branches in the scale's own dtype: with float64 parameters (jax_enable_x64) the zero is float64 too, and
-    # platform_dependent requires its branches to agree.
-    dtype = jnp.result_type(scale)
-    return platform_dependent(
-        scale, *dependencies,
-        cpu=lambda s, *d: (s + _zero_after(d)).astype(dtype), default=lambda s, *d: jnp.asarray(s + 0.0, dtype),
-    )

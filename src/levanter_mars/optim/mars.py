@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from levanter_mars.optim.fewer_passes import ordered_on_cpu
+from levanter_mars.optim.cpu_write_order import ordered_on_cpu
 from levanter_mars.optim.writes import AS_COMPUTED
 from levanter_mars.optim.hyperparameters import ScalarOrSchedule, validate_mars_hyperparameters, validate_step_sizes
 from levanter_mars.optim.mars_family import (
@@ -49,11 +49,7 @@ from levanter_mars.optim.mars_family import (
 from levanter_mars.optim.dimension_numbers import WeightDimensionNumbers, warn_undeclared, with_dimension_numbers
 from levanter_mars.optim.tensor_roles import TensorRole, map_roles, tensor_roles
 from levanter_mars.optim.update_rules import (
-    adam_moments,
-    mars_adam_direction,
-    orthogonalize,
-    shampoo_scale,
-    written_amsgrad,
+    adam_moments, mars_adam_direction, orthogonalize, shampoo_scale, written_amsgrad
 )
 
 MARS_LABEL = "mars"
@@ -64,10 +60,15 @@ def _uses_mars(role: TensorRole, optimize_1d: bool) -> bool:
     return role.is_matrix or optimize_1d
 
 
+def update_form(variant: str, is_matrix: bool) -> str:
+    """The variant whose rule a MARS tensor takes: its own, but MARS-Shampoo's vectors (``optimize_1d``) take
+    MARS-AdamW's, since Newton-Schulz orthogonalizes matrices only. The role audit reports what this says."""
+    return "adamw" if variant == "shampoo" and not is_matrix else variant
+
+
 def _uses_second_moment(role: TensorRole, variant: str, optimize_1d: bool) -> bool:
-    if not _uses_mars(role, optimize_1d):
-        return True  # the AdamW branch
-    return variant == "adamw" or (variant == "shampoo" and not role.is_matrix)
+    # The 1-D AdamW branch, or MARS-AdamW's form.
+    return not _uses_mars(role, optimize_1d) or update_form(variant, role.is_matrix) == "adamw"
 
 
 def scale_by_mars(
@@ -150,9 +151,10 @@ def scale_by_mars(
         def mars_layer(layout, g, m, v, v_max, g_prev):
             c = clipped_correction(g, g_prev, step, b1)  # c_t = Clip(g_t + gamma b1/(1-b1) (g_t - g~_{t-1}), 1)
             m = write.state(b1 * m + (1 - b1) * c, m)
-            if variant == "lion":
+            form = update_form(variant, layout.role.is_matrix)
+            if form == "lion":
                 direction = jnp.sign(m)
-            elif variant == "shampoo" and layout.role.is_matrix:
+            elif form == "shampoo":
                 # m * (1/(1-b1)), not m/(1-b1): the reference rescales this way, and NS5 amplifies last bits.
                 direction = orthogonalize(m * (1.0 / (1.0 - b1)), layout) * shampoo_scale(layout)
             else:  # MARS-AdamW, and MARS-Shampoo's vectors

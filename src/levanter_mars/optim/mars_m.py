@@ -27,7 +27,7 @@ import haliax as hax
 import jax
 import optax
 
-from levanter_mars.optim.fewer_passes import ordered_on_cpu
+from levanter_mars.optim.cpu_write_order import ordered_on_cpu
 from levanter_mars.optim.writes import AS_COMPUTED
 from levanter_mars.optim.hyperparameters import ScalarOrSchedule, validate_mars_m_hyperparameters, validate_step_sizes
 from levanter_mars.optim.mars_family import (

@@ -2,7 +2,8 @@
 
 On a pod every host runs this program. Whatever touches shared files (checkpoint audits, quarantine moves,
 set-asides, caches, metrics) is done by process 0 alone, and what it decided reaches the others before they read
-anything; an error process 0 hits is raised on every process, with the same message.
+anything; an error process 0 hits is raised on every process, with the same message. A pod's start (joining
+``jax.distributed``) is ``pod_start.py``.
 """
 
 from __future__ import annotations
@@ -15,40 +16,13 @@ from typing import Any, Callable, TypeVar
 import jax
 import numpy as np
 
-from levanter_mars.compat import jax_distributed
 from levanter_mars.training.errors import shared_error_class
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: A host whose peer stops sending heartbeats ends itself after this long (jax's default is 100 s). Heartbeats come
-#: from a C++ thread, so a long compilation or a slow step does not miss them.
-HEARTBEAT_TIMEOUT_S = 20
-#: How long a host waits for the others to join at start: slow-starting pods need minutes.
-INITIALIZATION_TIMEOUT_S = 600
 #: How long a host waits for process 0's decision (an audit that reads every checkpoint file, a cache build).
 DECISION_TIMEOUT_S = 3600.0
-
-
-def start(trainer_config) -> None:
-    """Starts ``jax.distributed`` when flags or a TPU pod ask for it. Must run before anything touches JAX."""
-    trainer_config.distributed = jax_distributed.start(
-        trainer_config.distributed,
-        heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
-        initialization_timeout_s=INITIALIZATION_TIMEOUT_S,
-    )
-    if is_multiprocess():
-        from jax.experimental import multihost_utils
-
-        from levanter_mars.training import compilation_cache
-
-        if compilation_cache.loads_can_deadlock():
-            compilation_cache.turn_off()  # before the first collective program (below): see loads_can_deadlock
-
-        # The first collective over all devices sets up their communicator, and on CPU (gloo) every host must reach
-        # it within 30 s of the others. Here they all just left jax.distributed's start-up barrier; the first
-        # training step comes after a compilation whose length differs from host to host.
-        multihost_utils.sync_global_devices("levanter_mars: every host is up")
 
 
 def is_leader() -> bool:

@@ -27,7 +27,7 @@ from levanter_mars.compat import levanter_slices
 from levanter_mars.compat.levanter_data_mesh import auto_axes_data_mesh
 from levanter_mars.compat.levanter_loss import boolean_loss_masks
 from levanter_mars.compat.levanter_models import differentiable_loss, hf_converter
-from levanter_mars.optim.roles import audit_model
+from levanter_mars.optim.role_audit import audit_model
 from levanter_mars.training.config import TrainLmConfig
 from levanter_mars.training.checkpointing.resume import ResumePlan
 from levanter_mars.training.run.goodput import clock as goodput_clock
@@ -96,7 +96,7 @@ def vocab_axis(vocab_size: int, trainer: MarsTrainer) -> Axis:
 
 
 def _log_role_audit(config: TrainLmConfig, Vocab: Axis) -> None:
-    """Which optimizer branch every parameter takes (``python -m levanter_mars.optim.roles`` prints the same)."""
+    """Which optimizer branch every parameter takes (``python -m levanter_mars.optim.role_audit`` prints the same)."""
     audit = audit_model(config.model, config.optimizer, Vocab.size)
     logger.info("Tensor roles of model.type=%s:\n%s", type(config.model).__name__, audit.table())
     for warning in audit.warnings:

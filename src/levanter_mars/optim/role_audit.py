@@ -11,8 +11,8 @@ The table counts tensors, the per-layer (and per-expert) matrices or vectors the
 parameters add up to the model's total. A tensor that no rule makes a matrix but that has more than one axis besides
 its layer axes is a warning naming it: it would otherwise take the 1-D branch silently.
 
-``python -m levanter_mars.optim.roles --config_path X`` prints the table for a training config without training (the
-trainer logs the same table before its first step); ``--verbose`` adds every parameter with its branch, shape,
+``python -m levanter_mars.optim.role_audit --config_path X`` prints the table for a training config without training
+(the trainer logs the same table before its first step); ``--verbose`` adds every parameter with its branch, shape,
 per-tensor axes and matrix layout.
 """
 
@@ -28,6 +28,7 @@ import haliax as hax
 import jax
 
 from levanter_mars.optim.dimension_numbers import WeightDimensionNumbers, plain_axis_names, with_dimension_numbers
+from levanter_mars.optim.mars import update_form
 from levanter_mars.optim.role_queries import (
     is_embedding_or_head,
     role_entries,
@@ -107,8 +108,12 @@ def branch_updates(optimizer: Any) -> dict[str, str]:
         efficient = " (efficient)" if optimizer.efficient else ""
         return {MATRIX: f"MARS-M{efficient}", EMBEDDING_OR_HEAD: "AdamW", VECTOR: "AdamW"}
     if configs is not None and isinstance(optimizer, configs.MarsOptimizerConfig):
-        mars = f"MARS-{optimizer.variant}" + (" exact" if optimizer.exact else "")
-        return {MATRIX: mars, EMBEDDING_OR_HEAD: mars, VECTOR: mars if optimizer.optimize_1d else "AdamW (1-D)"}
+        exact = " exact" if optimizer.exact else ""
+        matrices = f"MARS-{update_form(optimizer.variant, is_matrix=True)}{exact}"
+        # With optimize_1d, vectors take MARS, in the form the optimizer gives them (MARS-Shampoo's: MARS-AdamW's).
+        vector_form = update_form(optimizer.variant, is_matrix=False)
+        vectors = f"MARS-{vector_form}{exact}" if optimizer.optimize_1d else "AdamW (1-D)"
+        return {MATRIX: matrices, EMBEDDING_OR_HEAD: matrices, VECTOR: vectors}
     name = type(optimizer).__name__
     return {branch: f"{name} (not MARS)" for branch in BRANCHES}
 

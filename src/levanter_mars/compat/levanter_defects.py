@@ -271,6 +271,7 @@ DEFECTS: tuple[Defect, ...] = (
         "launcher's MEGASCALE_NUM_SLICES is ignored, and a multi-slice local pod trains as one slice, its DCN axes "
         "dropped or refused",
         "compat.levanter_slices.create_fsdp_mesh",
-        "tests/test_multislice.py::test_defect_42_levanter_counts_no_slices_of_cpu_processes_and_the_workaround_does",
+        COMPAT_TESTS + "test_levanter_slices.py::test_defect_42_levanter_counts_no_slices_of_cpu_processes_and_the_"
+        "workaround_does",
     ),
 )

@@ -10,7 +10,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
+from levanter_mars.infra.ports import PortLease, reserve_ports
 from levanter_mars.training.distributed import HEARTBEAT_TIMEOUT_S
 from tests.helpers import zygote
 from tests.helpers.training import REPO, _env, cli_arguments
@@ -27,12 +27,6 @@ from tests.helpers.xla_flags import device_flags
 #: A survivor must end itself this soon after a peer's kill -9: 3x the heartbeat timeout it is designed to end by, so a
 #: loaded machine does not fail the test.
 SURVIVOR_DEADLINE_S = 3 * HEARTBEAT_TIMEOUT_S
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pod_flags(num_processes: int, process_id: int, port: int) -> list[str]:
@@ -69,6 +63,8 @@ class PodHung(AssertionError):
 class PodRun:
     procs: list  # subprocess.Popen or zygote.ForkedProcess
     logs: list[Path]
+    #: The coordinator's port, reserved until the pod has ended (its wait returned, or it was killed).
+    port: Optional[PortLease] = None
 
     def wait(self, timeout: float = 900, grace: float = 120, silent_s: Optional[float] = None) -> list[int]:
         """Waits for every process. A process that fails gives the others ``grace`` seconds to end too (a pod's hosts
@@ -92,6 +88,7 @@ class PodRun:
                 why = f"no log grew for {silent_s:.0f} s" if silent else why
                 raise PodHung(f"pod of {len(self.procs)} processes: {why}\n{self.describe()}", all_running=not failed)
             time.sleep(0.5)
+        self._release_port()
         return [proc.poll() for proc in self.procs]
 
     def log_sizes(self) -> list[int]:
@@ -110,6 +107,11 @@ class PodRun:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        self._release_port()
+
+    def _release_port(self) -> None:
+        if self.port is not None:
+            self.port.release()
 
     def output(self, i: int) -> str:
         return self.logs[i].read_text(errors="replace")
@@ -133,7 +135,8 @@ def start_pod(
     config_path: Path, *extra: str, num_processes: int = 2, devices: int = 2, log_dir: Path, prelude: str = "",
     name: Optional[str] = None, env: Optional[dict[str, str]] = None,
 ) -> PodRun:
-    port = free_port()
+    lease = reserve_ports(1)
+    port = lease.port
     log_dir.mkdir(parents=True, exist_ok=True)
     env = _env({**(env or {}), "XLA_FLAGS": device_flags(devices)})
     procs, logs = [], []
@@ -143,7 +146,7 @@ def start_pod(
             arguments = cli_arguments(config_path, *extra, *pod_flags(num_processes, i, port), prelude=prelude)
             procs.append(zygote.popen(arguments, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT))
         logs.append(log)
-    return PodRun(procs, logs)
+    return PodRun(procs, logs, lease)
 
 
 def reference_outputs(workdir: Path, run_id: str) -> list[Path]:
@@ -210,8 +213,8 @@ def run_helper_processes(module: str, *, num_processes: int = 1, devices: int = 
 
     env = _env({"XLA_FLAGS": device_flags(devices), "JAX_PLATFORMS": "cpu",
                 "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])})
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="levanter-mars-helpers-") as directory:
+    with reserve_ports(1) as lease, tempfile.TemporaryDirectory(prefix="levanter-mars-helpers-") as directory:
+        port = lease.port
         logs = [(Path(directory, f"{i}.out"), Path(directory, f"{i}.err")) for i in range(num_processes)]
         procs = []
         for i, (out_path, err_path) in enumerate(logs):

@@ -14,6 +14,7 @@ import pytest
 
 from levanter_mars.training.errors import RunLeasedError
 from levanter_mars.training.run.lease import Holder, RunLease, decide, process_alive
+from tests.helpers.training import POLL_S
 
 NOW = 1_000_000.0
 
@@ -111,11 +112,11 @@ def test_the_renewal_keeps_the_lease_fresh_and_finds_a_take_over(tmp_path):
     try:
         deadline = time.time() + 30
         while json.loads(path.read_text())["renewed_at"] == first and time.time() < deadline:
-            time.sleep(0.05)
+            time.sleep(POLL_S)
         assert json.loads(path.read_text())["renewed_at"] > first
         thief = RunLease.acquire(str(path), "run", take_over=True)
         while lease.lost is None and time.time() < deadline:
-            time.sleep(0.05)
+            time.sleep(POLL_S)
         with pytest.raises(RunLeasedError, match="took the run over"):
             lease.check()
         assert thief.still_held(), "the old holder's renewal never overwrites the new one"

@@ -21,9 +21,10 @@ from tests.helpers import zygote
 from tests.helpers.training import REPO, _env, cli_arguments
 from tests.helpers.xla_flags import device_flags
 
-#: A survivor must end itself this soon after a peer's kill -9: 3x the heartbeat timeout it is designed to end by, so a
-#: loaded machine does not fail the test.
-SURVIVOR_DEADLINE_S = 3 * HEARTBEAT_TIMEOUT_S
+#: How long a test waits for a survivor to end itself after a peer's kill -9 before it calls the survivor hung: a hang
+#: guard, not a measured promise (no test asserts a time). It ends by the heartbeat timeout, which jax.distributed is
+#: given (tests/test_compat.py checks that); 10x that, so a loaded machine never fails the test.
+SURVIVOR_DEADLINE_S = 10 * HEARTBEAT_TIMEOUT_S
 
 
 def pod_flags(num_processes: int, process_id: int, port: int) -> list[str]:

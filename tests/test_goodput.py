@@ -70,9 +70,9 @@ def fake_time(monkeypatch):
 
 
 def test_phases_add_up_to_the_wall_time_and_compilations_count_once(fake_time):
-    """A compilation stage's duration (as jax reports it) moves from the phase it happened in to compile. One on another
-    thread (the data loader's) overlaps the main thread's work and is not counted, nor is an event of another kind.
-    Durations are multiples of 1/4 s: exact in floating point."""
+    """A compilation stage's duration (as jax reports it) moves from the phase it happened in to compile. One on
+    another thread (the data loader's) overlaps the main thread's work and is not counted, nor is an event of another
+    kind. Durations are multiples of 1/4 s: exact in floating point."""
     clock = goodput_clock.PhaseClock(T0 - 2.0)  # the attempt started 2 s before the clock: interpreter, imports
     clock.listen_to_compilations()
     event = compile_events()[-1]

@@ -208,14 +208,13 @@ def pod_reference(tmp_path_factory, pydocs_corpus):
     Returns ``(config_path, pod, paths)``.
     """
     from tests.helpers.evals import include_suite
-    from tests.helpers.pod import PodRun, reference_outputs, run_pod
+    from tests.helpers.pod import PodRun, run_pod
     from tests.helpers.shared import once_per_run
     from tests.helpers.training import run_paths, tiny_config
 
     def make(workdir):
         config = include_suite(tiny_config(workdir, pydocs_corpus, "pod-approx"))
-        pod = run_pod(config, log_dir=workdir / "logs", name="pod-approx",
-                      retry_restoring=reference_outputs(workdir, "pod-approx"))
+        pod = run_pod(config, log_dir=workdir / "logs", name="pod-approx")
         assert [p.returncode for p in pod.procs] == [0, 0], pod.describe()
         return config, pod, run_paths(workdir, "pod-approx")
 

@@ -322,7 +322,7 @@ def test_pod_sharing_the_bucket_survives_a_killed_host_and_a_torn_checkpoint_lik
     workdir, pydocs_corpus, gs, gcs, pod_reference
 ):
     """2 processes x 2 devices with their checkpoints in the bucket; one is killed with -9 at a seeded step after
-    step 20 is committed, and the other ends itself within ``SURVIVOR_DEADLINE_S``. Step 20 is then torn as a host
+    step 20 is committed, and the other ends itself with an error. Step 20 is then torn as a host
     dying mid-write leaves it (its metadata.json object gone) and the pod restarted: process 0 quarantines step 20 in
     the bucket once, both hosts resume from the same gs:// step 10, and the losses equal the uninterrupted pod's bit
     for bit. (One pod for what were two tests: this one on gs:// and tests/test_multihost.py's kill on local disk,
@@ -342,13 +342,13 @@ def test_pod_sharing_the_bucket_survives_a_killed_host_and_a_torn_checkpoint_lik
         pod.procs[victim].wait(timeout=900)
         killed_at = time.monotonic()
         assert pod.procs[victim].returncode == -9, pod.describe()
-        code = pod.procs[1 - victim].wait(timeout=SURVIVOR_DEADLINE_S + 30)
+        code = pod.procs[1 - victim].wait(timeout=SURVIVOR_DEADLINE_S)  # a hang guard, not a measured promise
         waited = time.monotonic() - killed_at
     finally:
         pod.kill()
     context = f"killed process {victim} at step {kill_at}; the survivor exited {code} after {waited:.1f} s"
     print(context)
-    assert code != 0 and waited <= SURVIVOR_DEADLINE_S, (context, pod.describe())
+    assert code != 0, (context, pod.describe())  # it ended itself, with an error
     assert sorted(posixpath.basename(p) for p in gs.ls(_plain(checkpoints))) == ["step-10", "step-20"], context
     gs.rm(f"{_plain(checkpoints)}/step-20/{METADATA_NAME}")
     rerun = run_pod(config, log_dir=workdir / "logs", name=f"{run_id}-rerun", env=gcs.env)

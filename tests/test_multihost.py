@@ -14,7 +14,7 @@ import json
 import pytest
 
 from tests.helpers.evals import LOCAL_TASKS, OFFLINE_SUITE, item_loglikelihoods, run_eval_cli
-from tests.helpers.pod import reference_outputs, run_pod
+from tests.helpers.pod import run_pod
 from tests.helpers.training import describe_failure, losses, run_paths, tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.multidevice]
@@ -39,7 +39,7 @@ def pod_runs(workdir, pydocs_corpus, pod_reference):
     """Uninterrupted pod runs: approx (the session's ``pod_reference``, with the offline eval suite at the end) and
     exact."""
     config = _pod_config(workdir, pydocs_corpus, "pod-exact", {"optimizer": {"exact": True}})
-    pod = _completed_pod(config, workdir, "pod-exact", retry_restoring=reference_outputs(workdir, "pod-exact"))
+    pod = _completed_pod(config, workdir, "pod-exact")
     exact = (config, pod, run_paths(workdir, "pod-exact"))
     return {"approx": pod_reference, "exact": exact}
 
@@ -88,7 +88,7 @@ def test_a_complete_pod_run_says_so(pod_runs, workdir):
     """A finished pod run started again: both processes say it is complete and train nothing. (``fresh=true`` on 2
     processes, the old run set aside once, is held by the Ray launcher's pod test: tests/test_infra_local_ray.py.)"""
     config, _, paths = pod_runs["exact"]
-    again = _completed_pod(config, workdir, "pod-exact-again", retry_restoring=reference_outputs(workdir, "pod-exact"))
+    again = _completed_pod(config, workdir, "pod-exact-again")
     for i in range(2):
         assert "already complete" in again.output(i)
     assert _steps(paths["metrics"]) == list(range(30))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from levanter_mars.bench.collectives import collectives, crossing, dcn_transfers, only_over_dcn
-from tests.helpers.pod import reference_outputs, run_pod
+from tests.helpers.pod import run_pod
 from tests.helpers.training import losses, run_paths, tiny_config
 from tests.helpers.xla_flags import device_flags
 
@@ -29,8 +29,7 @@ def test_two_slices_train_like_one_and_cross_slices_only_over_the_dcn_axis(tmp_p
         env = {"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": str(i)}
         return {**env, "XLA_FLAGS": f"{device_flags(2)} {dump_flags}"} if i == 0 else env
 
-    pod = run_pod(config, log_dir=tmp_path / "logs", name=run_id, process_env=slice_env,
-                  retry_restoring=reference_outputs(tmp_path, run_id))  # fmt: skip
+    pod = run_pod(config, log_dir=tmp_path / "logs", name=run_id, process_env=slice_env)
     assert [p.returncode for p in pod.procs] == [0, 0], pod.describe()
     mesh = "Mesh: replica 2 (DCN 2 x ICI 1), data 2 (DCN 1 x ICI 2), model 1; 2 slice(s) of 2 device(s)"
     assert mesh in pod.output(0), pod.output(0)[-3000:]

@@ -7,6 +7,7 @@ import signal
 import sys
 import textwrap
 import time
+import types
 from pathlib import Path
 
 import fsspec
@@ -99,12 +100,14 @@ def test_a_host_returns_how_its_process_ended_and_passes_on_the_launch_id(tmp_pa
     import json
 
     monkeypatch.setattr(host, "TRAIN_MODULE", _training_module(tmp_path, 2))
+    launcher_clock = 1_800_000_000.25  # the host task's time.time() when it starts the attempt
+    monkeypatch.setattr(host, "time", types.SimpleNamespace(time=lambda: launcher_clock))
     result = host.run_host([], str(tmp_path), None, {"HF_TOKEN": "t"}, launch_id="launch-7")
     assert result["returncode"] == 2
     seen = json.loads((tmp_path / "fake_train_2.env.json").read_text())
     assert seen[LAUNCH_ID_ENV] == "launch-7" and seen["HF_TOKEN"] == "t"
-    started = float(seen[ATTEMPT_STARTED_ENV])  # the goodput record's start of the attempt: the launcher's clock
-    assert 0 < time.time() - started < 60
+    # The goodput record's start of the attempt: the launcher's clock, not the training process's own start.
+    assert float(seen[ATTEMPT_STARTED_ENV]) == launcher_clock
     monkeypatch.setattr(host, "TRAIN_MODULE", _training_module(tmp_path, 3))  # a non-finite stop: not retried either
     assert host.run_host([], str(tmp_path), None, {})["returncode"] == 3
     monkeypatch.setattr(host, "TRAIN_MODULE", _training_module(tmp_path, 1))

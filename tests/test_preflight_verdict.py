@@ -14,7 +14,8 @@ from levanter_mars.infra.preflight.report import Verdict
 from levanter_mars.infra.preflight.step import ONE_BUFFER, TEMPORARIES, WHOLE_PROGRAM, Compiled, out_of_memory
 from levanter_mars.infra.preflight.topology import GiB, tpu_target
 from levanter_mars.infra.slices import slice_type
-from tests.helpers.preflight import REPO
+from tests.helpers import preflight
+from tests.helpers.preflight import REPO, require_tpu_compiler
 
 V4_8 = tpu_target(slice_type("v4-8"))
 #: What libtpu 0.0.37 and 0.0.42.1 state a v4 chip's program may use (their out-of-memory verdicts).
@@ -123,13 +124,26 @@ def test_a_refusal_names_every_failing_program_with_its_own_figure():
 def test_the_compiler_states_the_usable_hbm_when_probed(tpu_type, usable_gib):
     """The probe's refusal states what the compiler's refusals of real programs state (the messages above); a
     compiler that stated nothing would give the documented fallback instead, which this tells apart."""
-    pytest.importorskip("libtpu", reason="the TPU compiler (libtpu, jax's tpu extra) is not installed")
+    require_tpu_compiler()
     from levanter_mars.infra.preflight.topology import abstract_devices
 
     target = tpu_target(slice_type(tpu_type))
     usable = probe(abstract_devices(target), target.hbm_bytes_per_chip)
     assert usable.bytes == int(usable_gib * GiB), usable
     assert usable.source.startswith("the TPU compiler's refusal of a probe"), usable
+
+
+def test_without_the_tpu_compiler_its_tests_fail_unless_a_variable_says_skip(monkeypatch):
+    """``make setup`` installs libtpu: a setup without it fails the tests that need it, not skip them silently."""
+    real = preflight.importlib.util.find_spec
+    without_libtpu = lambda name, *rest: None if name == "libtpu" else real(name, *rest)  # noqa: E731
+    monkeypatch.setattr(preflight.importlib.util, "find_spec", without_libtpu)
+    monkeypatch.delenv(preflight.NO_TPU_COMPILER_ENV, raising=False)
+    with pytest.raises(pytest.fail.Exception, match="the TPU compiler is not installed"):
+        require_tpu_compiler()
+    monkeypatch.setenv(preflight.NO_TPU_COMPILER_ENV, "1")
+    with pytest.raises(pytest.skip.Exception, match=f"{preflight.NO_TPU_COMPILER_ENV}=1 allows that"):
+        require_tpu_compiler()
 
 
 def test_every_pods_record_is_judged_against_its_usable_hbm():

@@ -7,8 +7,10 @@ donated with the state, and the gradient its own input), with AdamW built the sa
 non-finite guard every trainer wraps the optimizer in (the update training runs) and without it:
 
 * the update training runs: MARS-AdamW approx bytes accessed <= 1.55 x AdamW's (fp32 buffers), <= 1.25 x (bf16);
-* the optimizer alone: MARS-AdamW approx's own operations move over AdamW's no more than the passes it must make
-  (fp32: 3; bf16: 0.5), its bytes accessed at most 1.5 passes more than that, and no donated buffer is copied aside;
+* the optimizer alone: MARS-AdamW approx's own operations move over AdamW's the passes it must make (fp32: 3; bf16:
+  0.5), to within :data:`OWN_TOLERANCE` either way (more is traffic the update should not make, less a pass it skipped,
+  e.g. a correction that no longer reads the previous gradient), its bytes accessed at most 1.5 passes more than that,
+  and no donated buffer is copied aside;
 * MARS-M approx alone moves over Muon's at most what its previous gradient needs: the correction's norm and the
   momentum read it and the step writes it, 3 passes over the tensors that carry one (the matrices: 0.26 of the
   reduced model's parameter bytes, 0.68 of GPT-2 small's), in what its own operations move and in what crosses HBM
@@ -17,24 +19,27 @@ non-finite guard every trainer wraps the optimizer in (the update training runs)
 
 docs/benchmarks.md has the same figures on the whole GPT-2 small (``scripts/bench_optimizer.py --sizes small --tpu
 v5e --no-timing``), with MARS-M against Muon. The TPU compiler is part of the test setup (``make setup`` installs the
-``tpu`` extra): without it this fails, saying so, rather than skip.
+``tpu`` extra): without it this fails, saying so, rather than skip (unless LEVANTER_MARS_TEST_NO_TPU_COMPILER=1).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 
 import pytest
+
+from tests.helpers.preflight import require_tpu_compiler
 
 OPTIMIZERS = ["adamw", "mars-adamw-approx-fp32", "mars-adamw-approx-bf16"]
 RATIO_GOALS = {"mars-adamw-approx-fp32": 1.55, "mars-adamw-approx-bf16": 1.25}
 #: What MARS-AdamW approx's update moves beyond AdamW's in its own traffic (fp32 parameter passes, staging left out).
 #: fp32 buffers: the previous gradient, read by the correction's norm (in the pass that reads g for the clip's norm,
 #: which AdamW has too) and read and written by the update (3). bf16 buffers: those 3 in half the bytes (1.5), less the
-#: half pass saved on each of the first moment's read and write (0.5). GPT-2 small and the reduced model measure these
-#: exactly (11.00 and 8.50 against AdamW's 8.00).
+#: half pass saved on each of the first moment's read and write (0.5). GPT-2 small measures 10.9995 and 8.4998 against
+#: AdamW's 8.0000 (docs/benchmarks/optimizer_tpu_v5e_small_lock.json: 3 and 0.5 less 0.0005 and 0.0002 of a pass).
 OWN_OVER_ADAMW = {"mars-adamw-approx-fp32": 3.0, "mars-adamw-approx-bf16": 0.5}
+#: How far from its ideal MARS-AdamW's own traffic over AdamW's may be, in passes, either way.
+OWN_TOLERANCE = 0.01
 #: What bytes accessed (which add XLA:TPU's staging between memory spaces) may add on top, on the reduced model: it
 #: measures -2.08 (fp32) and +0.63 (bf16) passes. Not a bound GPT-2 small meets alone with the gradient its own input
 #: (+1.80 and +1.94 there, reported in docs/benchmarks.md). The code of 1def919 made 16.10 and 13.65 passes against
@@ -56,8 +61,7 @@ def _params():
 
 def _compile(names: list[str], **options):
     """``({optimizer: row}, target)``: the cases ``names`` compiled for one v5e chip, both constructions."""
-    if importlib.util.find_spec("libtpu") is None:
-        pytest.fail("the TPU compiler is not installed: pip install -c constraints.txt '.[tpu]' (make setup does)")
+    require_tpu_compiler()
     from levanter_mars.bench import optimizers as opt
     from levanter_mars.bench import tpu_compile
 
@@ -110,11 +114,11 @@ def test_the_guarded_mars_update_meets_its_ratio_goals_on_v5e(compiled, construc
 
 @pytest.mark.slow
 @pytest.mark.parametrize("construction", CONSTRUCTIONS)
-def test_mars_adamw_alone_moves_at_most_its_ideal_over_adamw(compiled, construction):
+def test_mars_adamw_alone_moves_its_ideal_over_adamw(compiled, construction):
     own = _figures(compiled, construction, "own_passes", guarded=False)
     passes = _figures(compiled, construction, "passes", guarded=False)
     for name, ideal in OWN_OVER_ADAMW.items():
-        assert own[name] <= own["adamw"] + ideal + 0.01, (name, own)
+        assert abs(own[name] - own["adamw"] - ideal) <= OWN_TOLERANCE, (name, ideal, own)
         assert passes[name] <= passes["adamw"] + ideal + BYTES_ACCESSED_SLACK, (name, passes)
     copies = _figures(compiled, construction, "copy_mib", guarded=False)
     assert all(mib == 0 for mib in copies.values()), copies

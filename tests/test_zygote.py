@@ -1,6 +1,7 @@
 """The test zygote (tests/helpers/zygote.py) serves every test, not only the one that started it: pytest changes
 PYTEST_CURRENT_TEST for each test, and a variable compared between the zygote's environment and a child's sends the
-child to a fresh interpreter (the suite then re-imports jax, Levanter, transformers and Ray about a hundred times)."""
+child to a fresh interpreter (the suite then re-imports jax, Levanter, transformers and Ray about a hundred times).
+A child's PYTHONPATH is honoured: one that would import a preloaded module from elsewhere is not forked."""
 
 import os
 import subprocess
@@ -84,3 +85,39 @@ def test_a_child_parses_the_training_config_without_reading_class_sources_again(
     assert proc.returncode == 0, proc.stderr[-3000:]
     before, parsing = (int(n) for n in proc.stdout.replace("read before:", "").split("while parsing:"))
     assert before > 50 and parsing == 0, proc.stdout
+
+
+def _with_first_on_path(directory) -> dict:
+    env = _env()
+    env["PYTHONPATH"] = os.pathsep.join([str(directory), env["PYTHONPATH"]])
+    return env
+
+
+def test_a_child_whose_pythonpath_shadows_a_preloaded_module_runs_in_a_fresh_interpreter(tmp_path):
+    """A stand-in package first on PYTHONPATH, named like one the zygote imported: a fork would run the zygote's, so
+    the child runs in a fresh interpreter, which imports the stand-in, and the session's summary says why."""
+    if not zygote.ENABLED:
+        pytest.skip("LEVANTER_MARS_TEST_FORK=0: every program runs in a fresh interpreter, by request")
+    (tmp_path / "levanter_mars").mkdir()
+    (tmp_path / "levanter_mars" / "__init__.py").write_text("STAND_IN = True\n")
+    code = "import sys, levanter_mars; sys.exit(7 if getattr(levanter_mars, 'STAND_IN', False) else 3)"
+    before = zygote.FRESH[frozenset({"PYTHONPATH (shadows levanter_mars)"})]
+    proc = zygote.popen(["-c", code], cwd=REPO, env=_with_first_on_path(tmp_path), stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL)
+    assert not isinstance(proc, zygote.ForkedProcess)
+    assert proc.wait(timeout=120) == 7, "the child imported the zygote's levanter_mars, not its PYTHONPATH's"
+    assert zygote.FRESH[frozenset({"PYTHONPATH (shadows levanter_mars)"})] == before + 1
+
+
+def test_a_child_whose_pythonpath_only_adds_modules_is_forked_and_finds_them(tmp_path):
+    """A PYTHONPATH entry that shadows nothing preloaded: forked, the entry ahead of the standard library, as a fresh
+    interpreter has it."""
+    (tmp_path / "levanter_mars_zygote_probe.py").write_text("FOUND = True\n")
+    code = ("import os, sys, levanter_mars_zygote_probe\n"
+            f"ahead = sys.path.index({str(tmp_path)!r}) < sys.path.index(os.path.dirname(os.__file__))\n"
+            "sys.exit(7 if ahead and levanter_mars_zygote_probe.FOUND else 3)")
+    env = _with_first_on_path(tmp_path)
+    proc = zygote.popen(["-c", code], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if zygote.ENABLED:
+        assert isinstance(proc, zygote.ForkedProcess), zygote._ZYGOTE.shadowed(env["PYTHONPATH"], str(REPO))
+    assert proc.wait(timeout=120) == 7

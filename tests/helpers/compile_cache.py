@@ -2,7 +2,9 @@
 
 A CI machine that runs the suite again starts with every program of the previous run compiled; a cold machine fills
 the cache as it goes (training subprocesses of one session share their programs either way). The key is everything
-that makes a compiled program valid: the lock (``constraints.txt``), the Python version and the machine. Caches of
+that makes a compiled program valid: the lock (``constraints.txt``), the Python version and the CPU's instruction set
+(:func:`machine_key`: XLA:CPU compiles for the host's features, and a program built for one CPU may not run on
+another). Caches of
 other keys are removed once they have not been used for :data:`KEEP_DAYS`, so a moving lock does not fill the disk.
 
 The size is bounded here, once per session (:func:`trim`), not by jax's own eviction
@@ -28,9 +30,24 @@ KEEP_DAYS = 7
 MAX_BYTES = 4 << 30
 
 
-def cache_key(lock: Path) -> str:
+def machine_key(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's features, as /proc/cpuinfo lists them (``flags`` on x86, ``Features`` on ARM; every distinct line, for
+    cores that differ), hashed; else the architecture's name. Not ``platform.processor()``, empty on Linux: a cache
+    moved to another CPU of the same architecture was reused."""
+    try:
+        lines = cpuinfo.read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    features = sorted({line.split(":", 1)[1].strip() for line in lines
+                       if ":" in line and line.split(":", 1)[0].strip() in ("flags", "Features")})
+    if not features:
+        return f"machine {platform.machine()}"
+    return f"{platform.machine()} cpu flags " + hashlib.sha256("\n".join(features).encode()).hexdigest()[:16]
+
+
+def cache_key(lock: Path, cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     digest = hashlib.sha256(lock.read_bytes())
-    digest.update(f"{sys.version_info[:2]} {platform.machine()} {platform.processor()}".encode())
+    digest.update(f"{sys.version_info[:2]} {machine_key(cpuinfo)}".encode())
     return digest.hexdigest()[:16]
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import threading
 from collections import Counter
 from contextlib import contextmanager
@@ -148,18 +147,13 @@ class GcsEmulator:
         return "gs://" + "/".join([self.bucket, *(p.strip("/") for p in parts)])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def gcs_emulator(bucket: str = BUCKET) -> Iterator[GcsEmulator]:
     storage = _MemoryStorage()
     buckets.create_bucket(bucket, storage)
     with _patched_handlers():
-        httpd = _Server(("127.0.0.1", _free_port()), partial(_CountingHandler, storage))
+        # Port 0: the server binds a port itself and says which (server_address), so no other process can take it.
+        httpd = _Server(("127.0.0.1", 0), partial(_CountingHandler, storage))
         httpd.requests = Counter()
         thread = threading.Thread(target=httpd.serve_forever, name="gcs-emulator", daemon=True)
         thread.start()

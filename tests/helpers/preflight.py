@@ -1,14 +1,31 @@
-"""Running pre-flight as a user does (a child process), for the pre-flight tests."""
+"""Running pre-flight as a user does (a child process), for the pre-flight tests; and the TPU compiler they need."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
+#: ``=1``: the tests that need the TPU compiler (libtpu) skip without it, saying so. Unset, they fail without it:
+#: ``make setup`` installs it (the ``tpu`` extra), so its absence is a broken setup, which a skip would hide.
+NO_TPU_COMPILER_ENV = "LEVANTER_MARS_TEST_NO_TPU_COMPILER"
+
+
+def require_tpu_compiler() -> None:
+    """Returns where libtpu is installed; else fails the calling test, or skips it where :data:`NO_TPU_COMPILER_ENV`
+    asks."""
+    if importlib.util.find_spec("libtpu") is not None:
+        return
+    if os.environ.get(NO_TPU_COMPILER_ENV) == "1":
+        pytest.skip(f"the TPU compiler (libtpu) is not installed, and {NO_TPU_COMPILER_ENV}=1 allows that")
+    pytest.fail(f"the TPU compiler is not installed: pip install -c constraints.txt '.[tpu]' (make setup does), or "
+                f"set {NO_TPU_COMPILER_ENV}=1 to skip the tests that need it")
 
 
 def run_preflight(*args: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:

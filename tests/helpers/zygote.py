@@ -9,8 +9,10 @@ interpreter would (``__main__``, ``sys.argv``, exit code, atexit handlers, a tra
 exits. It is a real process: kill -9 kills it, a pod's processes join through ``jax.distributed`` as before.
 
 What a fork cannot give is a variable read while the zygote imported (``JAX_*`` flags become jax config defaults at
-import): a program whose environment differs from the zygote's in any variable outside :data:`READ_AFTER_IMPORT`
-runs as a plain subprocess instead, as does every program when ``LEVANTER_MARS_TEST_FORK=0``.
+import), or a module other than the one the zygote imported: a program whose environment differs from the zygote's
+in any variable outside :data:`READ_AFTER_IMPORT`, or whose ``PYTHONPATH`` would find a preloaded module elsewhere
+(tests/helpers/zygote_server.py: ``shadowed``), runs as a plain subprocess instead, as does every program when
+``LEVANTER_MARS_TEST_FORK=0``. The server's side is tests/helpers/zygote_server.py.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from multiprocessing.connection import Client, Listener
+from multiprocessing.connection import Client
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
@@ -97,12 +99,13 @@ class Zygote:
 
     def __init__(self, env: Mapping[str, str], cwd: str):
         self.env = dict(env)
+        self._shadowed: dict[tuple[str, str], frozenset[str]] = {}
         self._dir = tempfile.mkdtemp(prefix="levanter-mars-zygote-")
         address, authkey = os.path.join(self._dir, "socket"), os.urandom(16)
         self.log = Path(self._dir, "zygote.log")
         with open(self.log, "w") as log:
             self._server = subprocess.Popen(
-                [sys.executable, "-m", "tests.helpers.zygote", address], cwd=cwd, env=self.env,
+                [sys.executable, "-m", "tests.helpers.zygote_server", address], cwd=cwd, env=self.env,
                 stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
             )
         self._server.stdin.write(authkey.hex().encode() + b"\n")
@@ -147,6 +150,15 @@ class Zygote:
         keys = (set(env) | set(self.env)) - READ_AFTER_IMPORT
         return frozenset(k for k in keys if env.get(k) != self.env.get(k))
 
+    def shadowed(self, pythonpath: str, cwd: str) -> frozenset[str]:
+        """``PYTHONPATH (shadows NAME)`` for each module the zygote imported that a child with this ``PYTHONPATH``
+        (and working directory) would import from elsewhere: such a child cannot be forked."""
+        key = (pythonpath, cwd)
+        if key not in self._shadowed:
+            self._shadowed[key] = frozenset(f"PYTHONPATH (shadows {name})" for name in
+                                            self._call("shadowed", pythonpath, cwd))
+        return self._shadowed[key]
+
     def close(self) -> None:
         if self._server.poll() is None:
             try:
@@ -163,8 +175,9 @@ class Zygote:
 
 
 _ZYGOTE: Optional[Zygote] = None
-#: How the session's programs started: forks, and fresh interpreters by the variables that sent them there (the
-#: session's summary prints it, so a variable that starts to differ is seen the day it costs the suite its forks).
+#: How the session's programs started: forks, and fresh interpreters by the variables (or shadowed modules) that sent
+#: them there (the session's summary prints it, so a variable that starts to differ is seen the day it costs the suite
+#: its forks).
 FORKS = 0
 FRESH: Counter[frozenset[str]] = Counter()
 
@@ -176,7 +189,7 @@ def _zygote(env: Mapping[str, str], cwd: str) -> Optional[Zygote]:
     if _ZYGOTE is None:
         reference = env if SESSION_ENVIRONMENT is None else SESSION_ENVIRONMENT
         _ZYGOTE = Zygote({**reference, **{k: env[k] for k in READ_AFTER_IMPORT if k in env}}, cwd)
-    differences = _ZYGOTE.differences(env)
+    differences = _ZYGOTE.differences(env) | _ZYGOTE.shadowed(env.get("PYTHONPATH", ""), cwd)
     if differences:
         FRESH[differences] += 1
         return None
@@ -243,117 +256,3 @@ def run(args: Sequence[str], *, cwd, env: Mapping[str, str], timeout: float, for
                 raise
         read = lambda p: p.read_text(errors="replace")  # noqa: E731
         return subprocess.CompletedProcess([sys.executable, *args], returncode, read(out_path), read(err_path))
-
-
-# --------------------------------------------------------------------------------------------------- the server
-
-
-def _serve(address: str):
-    """Imports, then forks a child per request. Returns only in a child, with its request."""
-    import ctypes
-    import importlib
-
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: end with the test session
-    authkey = bytes.fromhex(sys.stdin.readline().strip())
-    listener = Listener(address, family="AF_UNIX", authkey=authkey)
-    conn = listener.accept()
-    listener.close()
-    for module in PRELOAD:
-        importlib.import_module(module)
-    _read_config_help()
-    _check_fork_safe()
-    conn.send("ready")
-    children: set[int] = set()
-    while True:
-        try:
-            kind, *request = conn.recv()
-        except EOFError:
-            kind = "exit"
-        if kind == "reap":
-            children.discard(request[0])
-            conn.send(os.waitstatus_to_exitcode(os.waitpid(request[0], 0)[1]))
-        elif kind == "spawn":
-            sys.stdout.flush(), sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                conn.close()
-                ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # and with the zygote
-                return request
-            children.add(pid)
-            conn.send(pid)
-        else:
-            for pid in children:
-                os.kill(pid, signal.SIGKILL)
-            conn.send(None)
-            sys.exit(0)
-
-
-def _read_config_help() -> None:
-    import importlib
-
-    from draccus.argparsing import ArgumentParser
-
-    for module, name in CONFIG_CLASSES:
-        ArgumentParser(config_class=getattr(importlib.import_module(module), name))
-
-
-def _check_fork_safe() -> None:
-    import threading
-
-    from jax._src import xla_bridge
-
-    problems = []
-    if threading.active_count() != 1:
-        problems.append(f"threads {[t.name for t in threading.enumerate()]}")
-    if xla_bridge._backends:
-        problems.append(f"JAX backends {list(xla_bridge._backends)}")
-    problems += [f"{m} imported" for m in NOT_PRELOADED if m in sys.modules]
-    if problems:
-        raise RuntimeError("the zygote cannot fork safely: " + "; ".join(problems))
-
-
-def _redirect(fd: int, path: str, mode: int) -> None:
-    if path:
-        target = os.open(path, mode, 0o644)
-        os.dup2(target, fd)
-        os.close(target)
-
-
-def _become(args: list[str], cwd: str, env: dict[str, str], stdout: str, stderr: str):
-    """In the child: the process ``python ARGS`` would have been, up to running its program (returned)."""
-    import runpy
-    import types
-
-    os.environ.clear()
-    os.environ.update(env)
-    for entry in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
-        if entry not in sys.path:
-            sys.path.insert(0, entry)
-    os.chdir(cwd)
-    _redirect(0, os.devnull, os.O_RDONLY)
-    _redirect(1, stdout, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    _redirect(2, stderr, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    main = types.ModuleType("__main__")
-    sys.modules["__main__"] = main
-    if args[0] == "-c":
-        sys.argv = ["-c", *args[2:]]
-        return lambda: exec(compile(args[1], "<string>", "exec"), main.__dict__)
-    if args[0] == "-m":
-        sys.argv = [args[1], *args[2:]]
-        sys.modules.pop(args[1], None)  # preloaded: `python -m` runs it as __main__ only
-        return lambda: runpy.run_module(args[1], run_name="__main__", alter_sys=True)
-    sys.argv = list(args)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
-    return lambda: runpy.run_path(args[0], run_name="__main__")
-
-
-if __name__ == "__main__":
-    _program = _become(*_serve(sys.argv[1]))
-    try:
-        _program()
-    except SystemExit:
-        raise
-    except BaseException as error:  # noqa: BLE001 - reported as the interpreter would, without the zygote's frames
-        error = error.with_traceback(error.__traceback__.tb_next.tb_next)
-        sys.excepthook(type(error), error, error.__traceback__)
-        sys.exit(1)

@@ -15,12 +15,10 @@ the processes of the cluster in DIR (never ``ray stop``, which ends every Ray on
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
 import shlex
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -35,6 +33,7 @@ from levanter_mars.infra.local_node import (
     new_temp_dir,
     node_environment,
 )
+from levanter_mars.infra.ports import PortLease, reserve_ports
 from levanter_mars.infra.slices import HOST_TASK_CPUS, HOST_TASK_MEMORY_BYTES, LOCAL_SLICE, head_resource, local_slice
 
 JOIN_MODULE = "levanter_mars.compat.ray_local_nodes"
@@ -87,15 +86,6 @@ def ray_start_hint(num_hosts: int = 1) -> str:
     return f"  {env} \\\n    {shlex.join(ray_start_args())}"
 
 
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free now (all held open while choosing, so none is handed out twice)."""
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-
-
 # `ray start` flags of the listeners a second cluster on the machine would otherwise collide on.
 _PORT_FLAGS = (
     "ray-client-server-port",
@@ -111,13 +101,15 @@ _PORT_FLAGS = (
 @dataclass
 class LocalRayCluster:
     """A local-engine cluster (one node per simulated host) in its own temp dir, ports and auth token; stopped by
-    its own process ids."""
+    its own process ids. Its ports are reserved (``ports.py``) until it is stopped, or until the process that started
+    it ends (``start`` on the command line: once every ``ray start`` has returned)."""
 
     temp_dir: str
     gcs_port: int = 0
     dashboard_port: int = 0
     num_hosts: int = 1
     pids: list[int] = field(default_factory=list)
+    ports: Optional[PortLease] = field(default=None, repr=False, compare=False)
 
     @property
     def address(self) -> str:
@@ -147,8 +139,9 @@ class LocalRayCluster:
         local_slice(num_hosts)  # a pod shape the nodes can pose as, or LaunchError
         temp_dir = temp_dir or new_temp_dir()
         os.makedirs(temp_dir, exist_ok=True)
-        ports = iter(_free_ports(2 + num_hosts * len(_PORT_FLAGS)))
-        cluster = cls(os.path.realpath(temp_dir), next(ports), next(ports), num_hosts)
+        lease = reserve_ports(2 + num_hosts * len(_PORT_FLAGS))
+        ports = iter(lease.ports)
+        cluster = cls(os.path.realpath(temp_dir), next(ports), next(ports), num_hosts, ports=lease)
         with open(os.open(cluster.token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
             f.write(secrets.token_hex(32))
         base_env = {**(environ if environ is not None else os.environ), **cluster.client_env()}
@@ -241,6 +234,8 @@ class LocalRayCluster:
             except psutil.NoSuchProcess:
                 pass
         psutil.wait_procs(alive, timeout=grace)
+        if self.ports is not None:
+            self.ports.release()
         return sorted(p.pid for p in procs)
 
     def is_running(self) -> bool:

@@ -3,8 +3,9 @@
 A TPU pod's hosts find their coordinator by themselves (worker 0, a fixed port). The local pod's hosts all live on
 127.0.0.1, and each attempt needs a port nobody holds: a killed attempt's coordinator may linger for a moment, and
 other runs share the machine. The job's driver owns one :class:`Rendezvous` actor; every host task asks it for the
-port when it starts, and the actor answers all of them at once, with a port free at that moment, when every host
-of the slice has asked. A host task of an earlier attempt that was cancelled while waiting is dead by then (Ray
+port when it starts, and the actor answers all of them at once, with a port it reserved (``ports.py``), when every
+host of the slice has asked. It holds that reservation until the next attempt's, since it cannot know when host 0's
+coordinator has bound the port. A host task of an earlier attempt that was cancelled while waiting is dead by then (Ray
 kills the worker of a cancelled task), so it is recognised by its process id and left out.
 """
 
@@ -12,17 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import uuid
+from typing import Optional
 
 import psutil
 import ray
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from levanter_mars.infra.ports import PortLease, reserve_ports
 
 
 class Rendezvous:
@@ -31,6 +28,7 @@ class Rendezvous:
     def __init__(self, num_hosts: int):
         self._num_hosts = num_hosts
         self._waiting: dict[int, tuple[int, asyncio.Future]] = {}  # worker id -> (its task's pid, its answer)
+        self._lease: Optional[PortLease] = None  # the latest attempt's port
 
     async def coordinator_port(self, worker_id: int, pid: int) -> int:
         for other, (other_pid, answer) in list(self._waiting.items()):
@@ -40,7 +38,10 @@ class Rendezvous:
         answer = asyncio.get_running_loop().create_future()
         self._waiting[worker_id] = (pid, answer)
         if len(self._waiting) == self._num_hosts:
-            port = free_port()
+            previous, self._lease = self._lease, reserve_ports(1)
+            if previous is not None:  # released after the new one is chosen: an attempt never gets its predecessor's
+                previous.release()
+            port = self._lease.port
             for _, waiting in self._waiting.values():
                 waiting.set_result(port)
             self._waiting.clear()

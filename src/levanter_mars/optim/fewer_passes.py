@@ -50,14 +50,18 @@ def corrected_gradient_and_norm(
     :math:`a = s(1 + k)`, :math:`b = -s' k`, :math:`k = \gamma\beta/(1-\beta)` and the clip factors
     :math:`s, s'` in the scalars.
 
-    Why, on XLA:TPU (GPT-2 small, one v5e chip, ``scripts/bench_optimizer.py --tpu v5e``): with this function the
-    update makes 12.68 parameter-sized passes over memory and no buffer copy, the reduction pass reading ``g`` and
+    Why, on XLA:TPU (GPT-2 small, one v5e chip, ``scripts/bench_optimizer.py --tpu v5e``), as libtpu 0.0.23 (jax
+    0.7.2) compiled it when this was written (``docs/benchmarks/optimizer_tpu_v5e_small.json``): with this function
+    the update made 12.68 parameter-sized passes over memory and no buffer copy, the reduction pass reading ``g`` and
     ``g_prev`` and writing nothing, and one pass reading ``g``, ``g_prev``, the moments and the parameters and writing
     the moments, the parameters and the new previous gradient (AdamW: 8.71). Written plainly in the update (the
-    clipped gradients, then ``c``, then ``squared_norm(c)``) it makes 17.03 passes and 336 MiB of buffer copies:
-    XLA:TPU writes a parameter-sized intermediate out of the reduction pass and copies donated buffers. Not isolated:
-    a variant that traced both norms and used the plain one also measured 12.68, so what XLA:TPU's fusion responds to
-    may be the form of the expression rather than the dot products themselves.
+    clipped gradients, then ``c``, then ``squared_norm(c)``) it made 17.03 passes and 336 MiB of buffer copies
+    (measured then, not recorded): XLA:TPU wrote a parameter-sized intermediate out of the reduction pass and copied
+    donated buffers. Not isolated: a variant that traced both norms and used the plain one also measured 12.68, so
+    what XLA:TPU's fusion responds to may be the form of the expression rather than the dot products themselves. The
+    lock's libtpu 0.0.42.1 makes 13.16 passes of the same update without the trainer's guard, 12.42 with it (AdamW
+    8.71; ``docs/benchmarks/optimizer_tpu_v5e_small_lock.json``, docs/benchmarks.md); the plain form was not
+    measured on it.
     XLA:CPU runs every dot product as a pass of its own (it fuses none), so there the plain form reads less.
     Accuracy: the sum cancels only where ``c`` is much shorter than ``g``; its error is about float32's epsilon times
     ``a^2 ||g||^2 + b^2 ||g_prev||^2`` (``tests/test_mars_fewer_passes.py``), which matters only for gradients whose

@@ -108,24 +108,47 @@ def _is_hf_directory(path: str) -> bool:
     return fs.exists(posixpath.join(plain, HF_CONFIG_NAME)) and not fs.exists(posixpath.join(plain, METADATA_NAME))
 
 
-def resolve_checkpoint(path: str, *, is_hf: Optional[bool] = None, verify_checksums: bool = True) -> CheckpointSource:
-    """The checkpoint to evaluate: ``path`` itself, or the newest complete checkpoint under it."""
+def _directory_or_config_error(fs, plain: str, path: str, named_by: str) -> None:
+    """A path that is not there, or a file, is a config error (a typo in the command); storage that cannot be read
+    (no permission, the storage service failing) is the checkpoint's (exit 5)."""
+    try:
+        kind = fs.info(plain)["type"]
+    except FileNotFoundError:
+        raise ConfigError(f"{named_by}: no such directory {path!r}") from None
+    except Exception as e:  # noqa: BLE001 - fsspec backends raise OSError subclasses or their own service errors
+        raise CheckpointError(f"{named_by} {path!r} cannot be read: {type(e).__name__}: {e}") from e
+    if kind != "directory":
+        raise ConfigError(f"{named_by}: {path!r} is a file, not a checkpoint directory")
+
+
+def resolve_checkpoint(
+    path: str, *, is_hf: Optional[bool] = None, verify_checksums: bool = True, named_by: str = "checkpoint_path"
+) -> CheckpointSource:
+    """The checkpoint to evaluate: ``path`` itself, or the newest complete checkpoint under it. A path that holds no
+    checkpoint at all raises ConfigError naming ``named_by`` (the field that gave the path); checkpoints that are
+    there but incomplete or corrupt raise CheckpointError."""
     fs, plain = fsspec.core.url_to_fs(path)
-    if not fs.isdir(plain):
-        raise CheckpointError(f"checkpoint_path: no such directory {path!r}")
+    _directory_or_config_error(fs, plain, path, named_by)
     if is_hf if is_hf is not None else _is_hf_directory(path):
         if not fs.exists(posixpath.join(plain, HF_CONFIG_NAME)):
-            raise CheckpointError(f"checkpoint_path {path!r} is not an HF checkpoint: it has no {HF_CONFIG_NAME}")
+            raise ConfigError(
+                f"{named_by} {path!r} is not an HF checkpoint (checkpoint_is_hf): it has no {HF_CONFIG_NAME}"
+            )
         return CheckpointSource(path, None, True)
 
     if fs.exists(posixpath.join(plain, METADATA_NAME)):
         candidates = [path]
     else:
         statuses = audit_run(path, verify_checksums=False)
+        if not statuses:
+            raise ConfigError(
+                f"{named_by} {path!r} holds no checkpoint: no step-N directories, no {METADATA_NAME} "
+                f"(a Levanter checkpoint) and no {HF_CONFIG_NAME} (an HF checkpoint)"
+            )
         candidates = [s.path for s in statuses if s.usable]
         if not candidates:
-            found = "; ".join(f"{s.path}: {s.state} ({s.reason})" for s in statuses) or "no step-N directories"
-            raise CheckpointError(f"checkpoint_path {path!r} holds no complete checkpoint ({found})")
+            found = "; ".join(f"{s.path}: {s.state} ({s.reason})" for s in statuses)
+            raise CheckpointError(f"{named_by} {path!r} holds no complete checkpoint ({found})")
     problems = []
     for candidate in candidates:
         status = audit_checkpoint(candidate, verify_checksums=verify_checksums)
@@ -256,12 +279,15 @@ def evaluate(config: EvalHarnessMainConfig, *, suite: str = "suite") -> Optional
         logger.info("Loaded %d tasks; their datasets are in the HF datasets cache.", len(tasks))
         return None
     train = load_train_config(config.train_config_path) if config.train_config_path else None
-    path = config.checkpoint_path
+    path, named_by = config.checkpoint_path, "checkpoint_path"
     if path is None:
         if train is None:
             raise ConfigError("checkpoint_path: give a checkpoint, or train_config_path to evaluate that run's newest")
         path = train.trainer.checkpointer.expanded_path(stable_run_id(train))
-    source = resolve_checkpoint(path, is_hf=config.checkpoint_is_hf, verify_checksums=config.verify_checksums)
+        named_by = "checkpoint_path (not given: the run checkpoint directory of train_config_path)"
+    source = resolve_checkpoint(
+        path, is_hf=config.checkpoint_is_hf, verify_checksums=config.verify_checksums, named_by=named_by
+    )
     if not source.is_hf and train is None:
         raise ConfigError(
             f"train_config_path: {source.path} is a Levanter checkpoint, which holds arrays only; pass the training "

@@ -40,6 +40,7 @@ from levanter_mars.compat.lm_eval_harness import run_eval_harness
 from levanter_mars.eval import report
 from levanter_mars.eval.suite import EvalSuiteConfig
 from levanter_mars.program_config import TrainAndEvalConfig, parse_train_config
+from levanter_mars.program_logging import set_up_program_logging
 from levanter_mars.training.checkpointing.audit import STEP_DIR, audit_checkpoint, audit_run
 from levanter_mars.training.checkpointing.storage import METADATA_NAME
 from levanter_mars.training.errors import CheckpointError
@@ -251,6 +252,12 @@ def default_output_dir(
     return beside
 
 
+def eval_log_name(run_id: str) -> str:
+    """The evaluation's log is ``<log_dir>/<run id>.eval.log``: beside the run's training log, never appended to it
+    (another program, possibly while the run still trains)."""
+    return f"{run_id}.eval"
+
+
 def _load_model(source: CheckpointSource, model_config, tokenizer, trainer: MarsTrainerConfig):
     mapping = trainer.parameter_axis_mapping
     if source.is_hf:
@@ -274,6 +281,7 @@ def _load_model(source: CheckpointSource, model_config, tokenizer, trainer: Mars
 
 def evaluate(config: EvalHarnessMainConfig, *, suite: str = "suite") -> Optional[EvalReport]:
     """Evaluates the checkpoint and writes results.json and results.md; returns None on processes other than 0."""
+    set_up_program_logging()
     if config.download_only:
         tasks = config.to_task_dict()
         logger.info("Loaded %d tasks; their datasets are in the HF datasets cache.", len(tasks))
@@ -293,10 +301,12 @@ def evaluate(config: EvalHarnessMainConfig, *, suite: str = "suite") -> Optional
             f"train_config_path: {source.path} is a Levanter checkpoint, which holds arrays only; pass the training "
             "YAML of its run so that the model, tokenizer and precision are known"
         )
+    hf_name, hf_step = _hf_name(source.path) if source.is_hf else (None, None)
+    run_id = hf_name if train is None else checkpoint_run_id(train, source)
     model_config = train.model if train is not None else Gpt2Config()
     tokenizer = load_tokenizer(_tokenizer_name(config, train, source))
     trainer = _trainer_config(config, train)
-    with log_file_named_by_run_id():
+    with log_file_named_by_run_id(eval_log_name(run_id)):
         trainer.initialize()
     logger.info("Evaluating %s on %d device(s)", source.path, jax.device_count())
     tasks = config.to_task_dict()
@@ -308,8 +318,6 @@ def evaluate(config: EvalHarnessMainConfig, *, suite: str = "suite") -> Optional
     if jax.process_index() != 0:
         return None
     assert outputs is not None
-    hf_name, hf_step = _hf_name(source.path) if source.is_hf else (None, None)
-    run_id = hf_name if train is None else checkpoint_run_id(train, source)
     run_name = config.run_name or run_id
     written = report.write_results(
         outputs, default_output_dir(config, train, source, suite, run_id), run_name=run_name,

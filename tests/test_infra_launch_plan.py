@@ -31,3 +31,29 @@ def test_the_driver_notes_one_shot_actions_only_when_one_was_asked_for(capsys, o
         assert note == "launch launch-1: one-shot actions (fresh=true) apply to its first attempt only"
     else:
         assert note is None
+
+
+def test_v5e_n_is_read_as_v5litepod_n_once_where_the_command_line_is_parsed(capsys):
+    """`--tpu_type v5e-16` was refused without a suggestion, where v6e takes `v6e-16`: Google Cloud's docs use both."""
+    from levanter_mars.infra.config import RayLaunchConfig, parse_args
+    from levanter_mars.main.preflight import _parser
+
+    plan, _, _ = dry_run(capsys, "--config_path", SMALL, "--tpu_type", "v5e-16", "--", *BUCKET)
+    assert plan["tpu_type"] == "v5litepod-16" and plan["hosts"]["per_slice"] == 4
+    assert plan["resources"]["per_slice"] == {"TPU-v5litepod-16-head": 1}
+    assert _driver_config(plan).tpu_type == "v5litepod-16"  # what Levanter's scheduler is handed
+    launch, _ = parse_args(["--config_path", SMALL, "--tpu_type", "v5e-16"], RayLaunchConfig)
+    assert launch.tpu_type == "v5litepod-16"
+    assert _parser().parse_args(["--config_path", SMALL, "--tpu_type", "v5e-16"]).tpu_type == "v5litepod-16"
+    assert _parser().parse_args(["--config_path", SMALL, "--tpu_type", "v6e-16"]).tpu_type == "v6e-16"
+
+
+@pytest.mark.parametrize("typed, suggested", [("v4-33", "v4-32"), ("v6e16", "v6e-16"), ("V5E-16", "v5e-16"),
+                                              ("v5lite-16", "v5litepod-16")])  # fmt: skip
+def test_an_unknown_tpu_type_is_refused_with_the_closest_known_spelling(capsys, typed, suggested):
+    from levanter_mars.infra import launch
+
+    assert launch.cli(["--dry_run", "--skip_preflight", "--config_path", SMALL, "--tpu_type", typed, "--", *BUCKET]) == 2
+    out, err = capsys.readouterr()
+    assert f"--tpu_type: unknown slice type {typed!r}; did you mean {suggested!r}?" in err, err
+    assert out == ""

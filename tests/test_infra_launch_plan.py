@@ -57,3 +57,31 @@ def test_an_unknown_tpu_type_is_refused_with_the_closest_known_spelling(capsys, 
     out, err = capsys.readouterr()
     assert f"--tpu_type: unknown slice type {typed!r}; did you mean {suggested!r}?" in err, err
     assert out == ""
+
+
+#: Pre-flight's table as it prints it (`python -m levanter_mars.main.preflight ... --tpu_type v4-8`, one layer).
+PREFLIGHT_TABLE = """\
+pre-flight: config/gpt2_small_mars.yaml on 1 x v4-8 (topology v4:2x2x1, 4 chips, 4 JAX devices per slice, TPU compiler)
+  per chip        parameters     0.04 GiB
+                  optimizer      0.13 GiB
+                  total          1.70 GiB   of 30.75 GiB usable (32 GiB HBM), headroom 29.05 GiB
+  compile         132 s
+  verdict         fits"""
+
+
+def test_the_dry_run_shows_the_pre_flight_table_as_it_prints(capsys, monkeypatch):
+    """It was one quoted line of `\\n` escapes inside the plan's YAML."""
+    import yaml
+
+    from levanter_mars.infra import launch
+
+    monkeypatch.setattr(launch, "preflight_run", lambda run, working_dir, skip: (0, PREFLIGHT_TABLE))
+    code = launch.cli(["--dry_run", "--config_path", SMALL, "--tpu_type", "v4-8", "--", *BUCKET])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "\\n" not in out.split("---")[0]
+    shown = out.split("\npreflight: ", 1)[1].splitlines()
+    assert shown[0].startswith("|")  # a block literal: each line of the table on its own line, indented
+    body = [line.removeprefix("  ") for line in shown[1 : 1 + len(PREFLIGHT_TABLE.splitlines())]]
+    assert body == PREFLIGHT_TABLE.splitlines()
+    assert next(yaml.safe_load_all(out))["preflight"].rstrip("\n") == PREFLIGHT_TABLE

@@ -647,9 +647,6 @@ def test_defect_28_workaround_names_it_run_id_dot_log(tmp_path):
         levanter_logging.init_logging(tmp_path, "run-1.log")  # as TrainerConfig.initialize calls it
     assert [p.name for p in tmp_path.iterdir()] == ["run-1.log"]
     assert levanter_logging.init_logging.__name__ == "init_logging", "the patch outlived Levanter's initialize"
-    with _root_logging_restored(), log_file_named_by_run_id("run-1.eval"):  # the standalone evaluation's own log
-        levanter_logging.init_logging(tmp_path, "run-1.log")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run-1.eval.log", "run-1.log"]
 
 
 def test_defect_29_levanter_gives_every_other_process_an_offline_wandb_run(monkeypatch):

@@ -246,4 +246,12 @@ DEFECTS: tuple[Defect, ...] = (
         COMPAT_TESTS + "test_defect_41_a_fresh_trainer_states_step_is_weakly_typed_a_loaded_one_not_and_the_workaround_"
         "aligns_them",
     ),
+    Defect(
+        42,
+        LEVANTER,
+        "restoring a state warns `Unknown leaf type <class 'NoneType'>` for each of its None leaves (16 per resume), "
+        "which it then skips, as it should",
+        "compat.levanter_logging.none_leaf_warnings_dropped",
+        "tests/test_compat_levanter_logging.py::test_defect_42_levanter_warns_of_every_none_leaf_it_restores",
+    ),
 )

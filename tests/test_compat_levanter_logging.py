@@ -30,10 +30,11 @@ def test_defect_28_workaround_gives_another_program_its_own_log(tmp_path, root_h
 def _restore_a_state_with_none_leaves(directory) -> dict:
     """Saves and restores a state with a None leaf, as a checkpoint's model and optimizer state have them, and a
     leaf of another type Levanter does not know (a string)."""
-    from levanter.tensorstore_serialization import tree_deserialize_leaves_tensorstore, tree_serialize_leaves_tensorstore
+    from levanter import tensorstore_serialization as serialization
 
-    tree_serialize_leaves_tensorstore(str(directory), {"weight": jnp.ones(3), "bias": None})
-    return tree_deserialize_leaves_tensorstore(str(directory), {"weight": jnp.zeros(3), "bias": None, "name": "x"})
+    serialization.tree_serialize_leaves_tensorstore(str(directory), {"weight": jnp.ones(3), "bias": None})
+    exemplar = {"weight": jnp.zeros(3), "bias": None, "name": "x"}
+    return serialization.tree_deserialize_leaves_tensorstore(str(directory), exemplar)
 
 
 def _warnings(caplog) -> list[str]:

@@ -53,7 +53,8 @@ def test_v5e_n_is_read_as_v5litepod_n_once_where_the_command_line_is_parsed(caps
 def test_an_unknown_tpu_type_is_refused_with_the_closest_known_spelling(capsys, typed, suggested):
     from levanter_mars.infra import launch
 
-    assert launch.cli(["--dry_run", "--skip_preflight", "--config_path", SMALL, "--tpu_type", typed, "--", *BUCKET]) == 2
+    argv = ["--dry_run", "--skip_preflight", "--config_path", SMALL, "--tpu_type", typed, "--", *BUCKET]
+    assert launch.cli(argv) == 2
     out, err = capsys.readouterr()
     assert f"--tpu_type: unknown slice type {typed!r}; did you mean {suggested!r}?" in err, err
     assert out == ""

@@ -1,6 +1,6 @@
 """Evaluating a checkpoint on a suite, outside training.
 
-What is evaluated:
+What is evaluated (:mod:`levanter_mars.eval.checkpoint_source` finds it):
 
 * a levanter-mars/Levanter checkpoint ``.../<run id>/step-N`` (only its ``model/`` is read);
 * a run's checkpoint directory ``.../<run id>``: its newest complete checkpoint (the one training would resume from;
@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 import equinox as eqx
-import fsspec
 import haliax as hax
 import jax
 from haliax.partitioning import round_axis_for_partitioning
@@ -38,20 +37,17 @@ from levanter_mars.compat.levanter_logging import log_file_named_by_run_id
 from levanter_mars.compat.levanter_models import hf_converter
 from levanter_mars.compat.lm_eval_harness import run_eval_harness
 from levanter_mars.eval import report
+from levanter_mars.eval.checkpoint_source import CheckpointSource, resolve_checkpoint
 from levanter_mars.eval.suite import EvalSuiteConfig
 from levanter_mars.program_config import TrainAndEvalConfig, parse_train_config
 from levanter_mars.program_logging import set_up_program_logging
-from levanter_mars.training.checkpointing.audit import STEP_DIR, audit_checkpoint, audit_run
-from levanter_mars.training.checkpointing.storage import METADATA_NAME
+from levanter_mars.training.checkpointing.audit import STEP_DIR
 from levanter_mars.training.errors import CheckpointError
 from levanter_mars.training.config import ConfigError
 from levanter_mars.training.run.identity import stable_run_id
 from levanter_mars.training.trainer import MarsTrainerConfig
 
 logger = logging.getLogger(__name__)
-
-HF_CONFIG_NAME = "config.json"
-
 
 @dataclass(frozen=True)
 class EvalHarnessMainConfig(EvalSuiteConfig):
@@ -84,13 +80,6 @@ class EvalHarnessMainConfig(EvalSuiteConfig):
 
 
 @dataclass(frozen=True)
-class CheckpointSource:
-    path: str
-    step: Optional[int]
-    is_hf: bool
-
-
-@dataclass(frozen=True)
 class EvalReport:
     source: CheckpointSource
     written: report.WrittenResults
@@ -102,63 +91,6 @@ def load_train_config(path: str) -> TrainAndEvalConfig:
         return parse_train_config(["--config_path", path])
     except ConfigError as e:
         raise ConfigError(f"train_config_path {path!r}: {e}") from e
-
-
-def _is_hf_directory(path: str) -> bool:
-    fs, plain = fsspec.core.url_to_fs(path)
-    return fs.exists(posixpath.join(plain, HF_CONFIG_NAME)) and not fs.exists(posixpath.join(plain, METADATA_NAME))
-
-
-def _directory_or_config_error(fs, plain: str, path: str, named_by: str) -> None:
-    """A path that is not there, or a file, is a config error (a typo in the command); storage that cannot be read
-    (no permission, the storage service failing) is the checkpoint's (exit 5)."""
-    try:
-        kind = fs.info(plain)["type"]
-    except FileNotFoundError:
-        raise ConfigError(f"{named_by}: no such directory {path!r}") from None
-    except Exception as e:  # noqa: BLE001 - fsspec backends raise OSError subclasses or their own service errors
-        raise CheckpointError(f"{named_by} {path!r} cannot be read: {type(e).__name__}: {e}") from e
-    if kind != "directory":
-        raise ConfigError(f"{named_by}: {path!r} is a file, not a checkpoint directory")
-
-
-def resolve_checkpoint(
-    path: str, *, is_hf: Optional[bool] = None, verify_checksums: bool = True, named_by: str = "checkpoint_path"
-) -> CheckpointSource:
-    """The checkpoint to evaluate: ``path`` itself, or the newest complete checkpoint under it. A path that holds no
-    checkpoint at all raises ConfigError naming ``named_by`` (the field that gave the path); checkpoints that are
-    there but incomplete or corrupt raise CheckpointError."""
-    fs, plain = fsspec.core.url_to_fs(path)
-    _directory_or_config_error(fs, plain, path, named_by)
-    if is_hf if is_hf is not None else _is_hf_directory(path):
-        if not fs.exists(posixpath.join(plain, HF_CONFIG_NAME)):
-            raise ConfigError(
-                f"{named_by} {path!r} is not an HF checkpoint (checkpoint_is_hf): it has no {HF_CONFIG_NAME}"
-            )
-        return CheckpointSource(path, None, True)
-
-    if fs.exists(posixpath.join(plain, METADATA_NAME)):
-        candidates = [path]
-    else:
-        statuses = audit_run(path, verify_checksums=False)
-        if not statuses:
-            raise ConfigError(
-                f"{named_by} {path!r} holds no checkpoint: no step-N directories, no {METADATA_NAME} "
-                f"(a Levanter checkpoint) and no {HF_CONFIG_NAME} (an HF checkpoint)"
-            )
-        candidates = [s.path for s in statuses if s.usable]
-        if not candidates:
-            found = "; ".join(f"{s.path}: {s.state} ({s.reason})" for s in statuses)
-            raise CheckpointError(f"{named_by} {path!r} holds no complete checkpoint ({found})")
-    problems = []
-    for candidate in candidates:
-        status = audit_checkpoint(candidate, verify_checksums=verify_checksums)
-        if status.usable:
-            if problems:
-                logger.warning("Skipped newer checkpoints: %s", "; ".join(problems))
-            return CheckpointSource(candidate, status.step, False)
-        problems.append(f"{candidate}: {status.state} ({status.reason})")
-    raise CheckpointError(f"no usable checkpoint: {'; '.join(problems)}")
 
 
 def _trainer_config(config: EvalHarnessMainConfig, train: Optional[TrainAndEvalConfig]) -> MarsTrainerConfig:

@@ -89,7 +89,7 @@ class _ReadableDumper(yaml.SafeDumper):
 
 def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
     if "\n" in text:
-        # A block literal cannot keep trailing spaces: the table's padding ends its lines with none of meaning.
+        # With a line ending in spaces PyYAML quotes the string after all; in a table they carry nothing.
         text = "\n".join(line.rstrip() for line in text.splitlines())
         return dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|")
     return dumper.represent_str(text)

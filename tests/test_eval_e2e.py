@@ -101,6 +101,11 @@ def test_standalone_on_the_step_checkpoint_equals_the_in_training_result(approx_
     assert str(standalone) in proc.stdout and "| evals (step 10) |" in proc.stdout
     assert item_loglikelihoods(standalone) == item_loglikelihoods(_in_training(paths, 10))
     assert _results(standalone) == _results(_in_training(paths, 10))
+    # Its own log, beside the training run's (issue 46: it appended to runs/<run id>.log, the training run's).
+    eval_log = (paths["run_dir"].parent / "evals.eval.log").read_text()
+    assert f"Evaluating {paths['checkpoints'] / 'step-10'}" in eval_log
+    assert "Unknown leaf type" not in eval_log + proc.stderr  # compat defect 43: the model's None leaves
+    assert f"Evaluating {paths['checkpoints']}" not in (paths["run_dir"].parent / "evals.log").read_text()
 
 
 def test_standalone_on_an_exported_hf_checkpoint_needs_no_training_config(approx_run, workdir):

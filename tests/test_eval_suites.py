@@ -171,8 +171,19 @@ def test_standalone_cli_reports_bad_input_naming_the_field_or_file(tmp_path, cap
     suite = ["--config_path", str(OFFLINE_SUITE)]
     assert cli(["--config_path", str(tmp_path / "missing.yaml")]) == 2
     assert "no such file" in capsys.readouterr().err
-    assert cli([*suite, "--checkpoint_path", str(tmp_path / "nowhere")]) == 5  # checkpoint unusable
-    assert "checkpoint_path: no such directory" in capsys.readouterr().err
+    # A path that holds no checkpoint is a typo in the command (exit 2, naming the field and the path), not unusable
+    # checkpoint storage (exit 5, which a launcher would retry).
+    nowhere = tmp_path / "nowhere"
+    assert cli([*suite, "--checkpoint_path", str(nowhere)]) == 2
+    assert f"config error: checkpoint_path: no such directory '{nowhere}'" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert cli([*suite, "--checkpoint_path", str(tmp_path / "empty")]) == 2
+    assert f"checkpoint_path '{tmp_path / 'empty'}' holds no checkpoint" in capsys.readouterr().err
+    (tmp_path / "a-file").write_text("")
+    assert cli([*suite, "--checkpoint_path", str(tmp_path / "a-file")]) == 2
+    assert "is a file, not a checkpoint directory" in capsys.readouterr().err
+    assert cli([*suite, "--checkpoint_path", str(tmp_path / "empty"), "--checkpoint_is_hf", "true"]) == 2
+    assert "is not an HF checkpoint (checkpoint_is_hf): it has no config.json" in capsys.readouterr().err
     assert cli(suite) == 2
     assert "checkpoint_path: give a checkpoint, or train_config_path" in capsys.readouterr().err
 
@@ -187,6 +198,34 @@ def test_standalone_cli_reports_bad_input_naming_the_field_or_file(tmp_path, cap
     assert "holds no complete checkpoint" in error and "corrupt (missing file model/x)" in error, error
     assert cli([*suite, "--checkpoint_path", str(step), "--train_config_path", str(TINY_CONFIG)]) == 5
     assert "corrupt (missing file model/x)" in capsys.readouterr().err
+
+
+def test_a_checkpoint_path_that_holds_nothing_is_refused_before_anything_loads(tmp_path, capsys, monkeypatch):
+    """Issue 46: a typo in --checkpoint_path was exit 5 (checkpoint storage unusable). It is a config error, found
+    before the tokenizer, the device mesh or a compile; storage that cannot be read stays exit 5."""
+    import fsspec.implementations.local
+
+    from levanter_mars.eval import standalone
+    from levanter_mars.main.eval_harness import cli
+
+    def nothing_may_load(*args, **kwargs):
+        raise AssertionError("loaded the tokenizer for a checkpoint path that holds nothing")
+
+    monkeypatch.setattr(standalone, "load_tokenizer", nothing_may_load)
+    monkeypatch.chdir(tmp_path)
+    run = ["--config_path", str(OFFLINE_SUITE), "--train_config_path", str(TINY_CONFIG)]
+    assert cli([*run, "--checkpoint_path", "checkpionts/nano/step-3"]) == 2
+    assert "checkpoint_path: no such directory 'checkpionts/nano/step-3'" in capsys.readouterr().err
+    assert cli(run) == 2  # no checkpoint_path: the YAML's run, which has none here
+    error = capsys.readouterr().err
+    assert "checkpoint_path (not given: the run checkpoint directory of train_config_path): no such directory" in error
+
+    def unreadable(self, path, **kwargs):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(fsspec.implementations.local.LocalFileSystem, "info", unreadable)
+    assert cli([*run, "--checkpoint_path", str(tmp_path)]) == 5
+    assert f"checkpoint_path '{tmp_path}' cannot be read: PermissionError" in capsys.readouterr().err
 
 
 def test_standalone_results_of_another_runs_checkpoint_go_to_that_run(tmp_path, monkeypatch):

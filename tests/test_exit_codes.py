@@ -67,3 +67,14 @@ def test_the_table_is_the_same_in_the_code_the_readme_and_the_reliability_doc():
     assert sorted(tables["errors.py"]) == [int(c) for c in ExitCode], tables["errors.py"]
     for name, table in tables.items():
         assert table == tables["errors.py"], name
+
+
+def test_the_standalone_evaluations_codes_are_documented_and_linked_from_the_table():
+    """Its codes are the training program's (main/eval_harness.py returns 0, 2, 5 and 6; a traceback is 1)."""
+    evals = (REPO / "docs" / "evals.md").read_text()
+    section = evals[evals.index("### Exit codes") :]
+    table = _table(section[: section.index("\n\n", section.index("| code"))])
+    assert sorted(table) == [ExitCode.DONE, ExitCode.CRASH, ExitCode.CONFIG_ERROR, ExitCode.CHECKPOINT_STORAGE,
+                             ExitCode.EVAL_FAILED]  # fmt: skip
+    assert "holds no checkpoint" in table[ExitCode.CONFIG_ERROR]
+    assert "(evals.md#exit-codes)" in (REPO / "docs" / "reliability.md").read_text()

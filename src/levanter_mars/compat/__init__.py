@@ -1,4 +1,5 @@
-"""Every monkeypatch and private-name use of a dependency (Levanter, lm-eval, datasets, wandb, jax, Ray, argparse).
+"""Every monkeypatch and private-name use of a dependency (Levanter, lm-eval, datasets, wandb, jax, Ray, argparse,
+draccus).
 
 :data:`DEFECTS` is the index: one row per upstream defect, with the pinned version it was seen in, what goes wrong,
 what works around it, and the test that reproduces it against the installed packages, so that the day upstream fixes

@@ -274,4 +274,13 @@ DEFECTS: tuple[Defect, ...] = (
         COMPAT_TESTS + "test_levanter_slices.py::test_defect_42_levanter_counts_no_slices_of_cpu_processes_and_the_"
         "workaround_does",
     ),
+    Defect(
+        43,
+        LEVANTER,
+        "restoring a state warns `Unknown leaf type <class 'NoneType'>` for each of its None leaves (16 per resume), "
+        "which it then skips, as it should",
+        "compat.levanter_logging.none_leaf_warnings_dropped",
+        COMPAT_TESTS + "test_levanter_logging_restores.py::"
+        "test_defect_43_levanter_warns_of_every_none_leaf_it_restores",
+    ),
 )

@@ -1,4 +1,5 @@
-"""The compat index's rows for every pinned dependency but Levanter: jax, Haliax, Ray, W&B, datasets, Python."""
+"""The compat index's rows for every pinned dependency but Levanter: jax, Haliax, Ray, W&B, datasets, draccus,
+Python."""
 
 from __future__ import annotations
 
@@ -59,5 +60,13 @@ DEFECTS: tuple[Defect, ...] = (
         "compat.jax_compilation",
         "tests/test_compilation_cache.py::"
         "test_defect_37_jax_reports_a_cache_hit_only_at_debug_and_the_workaround_logs_it",
+    ),
+    Defect(
+        44,
+        "draccus==0.11.6",
+        "--help lists the config-file option of every nested dataclass field twice (--sample_logging of the eval "
+        "harness; --data, --trainer, ... of training): registered twice, and the replaced one kept for the help",
+        "compat.cli.help_lists_each_option_once",
+        COMPAT_TESTS + "test_cli_help.py::test_defect_44_draccus_lists_a_nested_fields_config_option_twice",
     ),
 )

@@ -1,6 +1,6 @@
 """Evaluating a checkpoint on a suite, outside training.
 
-What is evaluated:
+What is evaluated (:mod:`levanter_mars.eval.checkpoint_source` finds it):
 
 * a levanter-mars/Levanter checkpoint ``.../<run id>/step-N`` (only its ``model/`` is read);
 * a run's checkpoint directory ``.../<run id>``: its newest complete checkpoint (the one training would resume from;
@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 import equinox as eqx
-import fsspec
 import haliax as hax
 import jax
 from haliax.partitioning import round_axis_for_partitioning
@@ -38,19 +37,17 @@ from levanter_mars.compat.levanter_logging import log_file_named_by_run_id
 from levanter_mars.compat.levanter_models import hf_converter
 from levanter_mars.compat.lm_eval_harness import run_eval_harness
 from levanter_mars.eval import report
+from levanter_mars.eval.checkpoint_source import CheckpointSource, resolve_checkpoint
 from levanter_mars.eval.suite import EvalSuiteConfig
 from levanter_mars.program_config import TrainAndEvalConfig, parse_train_config
-from levanter_mars.training.checkpointing.audit import STEP_DIR, audit_checkpoint, audit_run
-from levanter_mars.training.checkpointing.storage import METADATA_NAME
+from levanter_mars.program_logging import set_up_program_logging
+from levanter_mars.training.checkpointing.audit import STEP_DIR
 from levanter_mars.training.errors import CheckpointError
 from levanter_mars.training.config import ConfigError
 from levanter_mars.training.run.identity import stable_run_id
 from levanter_mars.training.trainer import MarsTrainerConfig
 
 logger = logging.getLogger(__name__)
-
-HF_CONFIG_NAME = "config.json"
-
 
 @dataclass(frozen=True)
 class EvalHarnessMainConfig(EvalSuiteConfig):
@@ -83,13 +80,6 @@ class EvalHarnessMainConfig(EvalSuiteConfig):
 
 
 @dataclass(frozen=True)
-class CheckpointSource:
-    path: str
-    step: Optional[int]
-    is_hf: bool
-
-
-@dataclass(frozen=True)
 class EvalReport:
     source: CheckpointSource
     written: report.WrittenResults
@@ -101,40 +91,6 @@ def load_train_config(path: str) -> TrainAndEvalConfig:
         return parse_train_config(["--config_path", path])
     except ConfigError as e:
         raise ConfigError(f"train_config_path {path!r}: {e}") from e
-
-
-def _is_hf_directory(path: str) -> bool:
-    fs, plain = fsspec.core.url_to_fs(path)
-    return fs.exists(posixpath.join(plain, HF_CONFIG_NAME)) and not fs.exists(posixpath.join(plain, METADATA_NAME))
-
-
-def resolve_checkpoint(path: str, *, is_hf: Optional[bool] = None, verify_checksums: bool = True) -> CheckpointSource:
-    """The checkpoint to evaluate: ``path`` itself, or the newest complete checkpoint under it."""
-    fs, plain = fsspec.core.url_to_fs(path)
-    if not fs.isdir(plain):
-        raise CheckpointError(f"checkpoint_path: no such directory {path!r}")
-    if is_hf if is_hf is not None else _is_hf_directory(path):
-        if not fs.exists(posixpath.join(plain, HF_CONFIG_NAME)):
-            raise CheckpointError(f"checkpoint_path {path!r} is not an HF checkpoint: it has no {HF_CONFIG_NAME}")
-        return CheckpointSource(path, None, True)
-
-    if fs.exists(posixpath.join(plain, METADATA_NAME)):
-        candidates = [path]
-    else:
-        statuses = audit_run(path, verify_checksums=False)
-        candidates = [s.path for s in statuses if s.usable]
-        if not candidates:
-            found = "; ".join(f"{s.path}: {s.state} ({s.reason})" for s in statuses) or "no step-N directories"
-            raise CheckpointError(f"checkpoint_path {path!r} holds no complete checkpoint ({found})")
-    problems = []
-    for candidate in candidates:
-        status = audit_checkpoint(candidate, verify_checksums=verify_checksums)
-        if status.usable:
-            if problems:
-                logger.warning("Skipped newer checkpoints: %s", "; ".join(problems))
-            return CheckpointSource(candidate, status.step, False)
-        problems.append(f"{candidate}: {status.state} ({status.reason})")
-    raise CheckpointError(f"no usable checkpoint: {'; '.join(problems)}")
 
 
 def _trainer_config(config: EvalHarnessMainConfig, train: Optional[TrainAndEvalConfig]) -> MarsTrainerConfig:
@@ -228,6 +184,12 @@ def default_output_dir(
     return beside
 
 
+def eval_log_name(run_id: str) -> str:
+    """The evaluation's log is ``<log_dir>/<run id>.eval.log``: beside the run's training log, never appended to it
+    (another program, possibly while the run still trains)."""
+    return f"{run_id}.eval"
+
+
 def _load_model(source: CheckpointSource, model_config, tokenizer, trainer: MarsTrainerConfig):
     mapping = trainer.parameter_axis_mapping
     if source.is_hf:
@@ -251,26 +213,32 @@ def _load_model(source: CheckpointSource, model_config, tokenizer, trainer: Mars
 
 def evaluate(config: EvalHarnessMainConfig, *, suite: str = "suite") -> Optional[EvalReport]:
     """Evaluates the checkpoint and writes results.json and results.md; returns None on processes other than 0."""
+    set_up_program_logging()
     if config.download_only:
         tasks = config.to_task_dict()
         logger.info("Loaded %d tasks; their datasets are in the HF datasets cache.", len(tasks))
         return None
     train = load_train_config(config.train_config_path) if config.train_config_path else None
-    path = config.checkpoint_path
+    path, named_by = config.checkpoint_path, "checkpoint_path"
     if path is None:
         if train is None:
             raise ConfigError("checkpoint_path: give a checkpoint, or train_config_path to evaluate that run's newest")
         path = train.trainer.checkpointer.expanded_path(stable_run_id(train))
-    source = resolve_checkpoint(path, is_hf=config.checkpoint_is_hf, verify_checksums=config.verify_checksums)
+        named_by = "checkpoint_path (not given: the run checkpoint directory of train_config_path)"
+    source = resolve_checkpoint(
+        path, is_hf=config.checkpoint_is_hf, verify_checksums=config.verify_checksums, named_by=named_by
+    )
     if not source.is_hf and train is None:
         raise ConfigError(
             f"train_config_path: {source.path} is a Levanter checkpoint, which holds arrays only; pass the training "
             "YAML of its run so that the model, tokenizer and precision are known"
         )
+    hf_name, hf_step = _hf_name(source.path) if source.is_hf else (None, None)
+    run_id = hf_name if train is None else checkpoint_run_id(train, source)
     model_config = train.model if train is not None else Gpt2Config()
     tokenizer = load_tokenizer(_tokenizer_name(config, train, source))
     trainer = _trainer_config(config, train)
-    with log_file_named_by_run_id():
+    with log_file_named_by_run_id(eval_log_name(run_id)):
         trainer.initialize()
     logger.info("Evaluating %s on %d device(s)", source.path, jax.device_count())
     tasks = config.to_task_dict()
@@ -282,8 +250,6 @@ def evaluate(config: EvalHarnessMainConfig, *, suite: str = "suite") -> Optional
     if jax.process_index() != 0:
         return None
     assert outputs is not None
-    hf_name, hf_step = _hf_name(source.path) if source.is_hf else (None, None)
-    run_id = hf_name if train is None else checkpoint_run_id(train, source)
     run_name = config.run_name or run_id
     written = report.write_results(
         outputs, default_output_dir(config, train, source, suite, run_id), run_name=run_name,

@@ -23,12 +23,24 @@ class LaunchError(ValueError):
     """Bad launcher input or an unusable cluster: the message names the flag, field or resource."""
 
 
+#: Other spellings of a slice name's generation: Google Cloud's docs call v5e slices ``v5e-N`` beside ``v6e-N``, where
+#: the TPU API and Levanter's table say ``v5litepod-N``.
+TPU_TYPE_ALIASES = {"v5e": "v5litepod"}
+
+
+def canonical_tpu_type(name: str) -> str:
+    """``v5e-16`` -> ``v5litepod-16``; any other name as given. Applied once, where a command line is parsed."""
+    generation, dash, size = name.partition("-")
+    return TPU_TYPE_ALIASES.get(generation, generation) + dash + size if dash else name
+
+
 @dataclass(frozen=True)
 class JobConfig:
     """What to train where: shared by the Ray launcher and the plain-gcloud launcher."""
 
     tpu_type: str
-    """Slice type from Levanter's TPU table (v4-32, v5litepod-16, v5p-8, v6e-8, ...), or ``cpu``: the local engine."""
+    """Slice type from Levanter's TPU table (v4-32, v5litepod-16, v5p-8, v6e-8, ...; v5e-16 is read as v5litepod-16),
+    or ``cpu``: the local engine."""
     train_config: str = ""
     """The training YAML (given as ``--config_path``): a path inside the working directory, or a gs:// URL."""
     num_slices: int = 1
@@ -102,6 +114,7 @@ def parse_args(argv: Sequence[str], config_class: type[ConfigT]) -> tuple[Config
         raise LaunchError(f"bad arguments for {config_class.__name__} (see the message above): {' '.join(own)}") from e
     except (draccus.utils.DecodingError, draccus.utils.ParsingError, ValueError) as e:
         raise LaunchError(str(e)) from e
+    config = dataclasses.replace(config, tpu_type=canonical_tpu_type(config.tpu_type))
     check(config)
     return config, overrides
 

@@ -72,7 +72,7 @@ class PreparedRun:
     def report(self, sections: Mapping[str, Any], commands: str = "") -> str:
         """The dry-run text: the plan (with ``sections``), any commands, and the resolved training config."""
         plan = {"dry_run": "nothing was contacted (no Ray, no GCP)", **sections, **self.describe()}
-        text = "# levanter-mars launch plan\n" + yaml.safe_dump(plan, sort_keys=False, default_flow_style=False)
+        text = "# levanter-mars launch plan\n" + readable_yaml(plan)
         if commands:
             text += "---\n# commands, in order\n" + commands + "\n"
         return text + "---\n# resolved training config\n" + self.resolved_config_yaml()
@@ -80,6 +80,26 @@ class PreparedRun:
     def resolved_config_yaml(self) -> str:
         plain = json.loads(json.dumps(draccus.encode(self.config), default=_plain))
         return yaml.safe_dump(plain, sort_keys=False, default_flow_style=False)
+
+
+class _ReadableDumper(yaml.SafeDumper):
+    """Multi-line strings (pre-flight's table) as YAML block literals, which read as they print, instead of one
+    quoted line of escaped newlines."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    if "\n" in text:
+        # With a line ending in spaces PyYAML quotes the string after all; in a table they carry nothing.
+        text = "\n".join(line.rstrip() for line in text.splitlines())
+        return dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|")
+    return dumper.represent_str(text)
+
+
+_ReadableDumper.add_representer(str, _represent_str)
+
+
+def readable_yaml(data: Any) -> str:
+    return yaml.dump(data, Dumper=_ReadableDumper, sort_keys=False, default_flow_style=False)
 
 
 def is_url(path: str) -> bool:

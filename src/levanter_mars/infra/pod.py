@@ -63,6 +63,15 @@ class PodConfig:
     """The local pod's hosts (``--tpu_type cpu``)."""
     devices_per_host: Optional[int] = None
     """The local pod's simulated devices per host (``--tpu_type cpu``)."""
+    fresh: bool = False
+    """The run asks for ``fresh=true`` (its resolved training config, as the launcher read it)."""
+
+
+def one_shot_actions_note(pod: PodConfig, launch_id: str) -> Optional[str]:
+    """The line that says one-shot actions apply once per launch, for a launch that asked for one (none otherwise)."""
+    if not pod.fresh:
+        return None
+    return f"launch {launch_id}: one-shot actions (fresh=true) apply to its first attempt only"
 
 
 def take_secrets(names: Sequence[str], environ=os.environ) -> dict[str, str]:
@@ -146,8 +155,8 @@ def main(argv: Sequence[str]) -> int:
     # max_retries=0: Ray must not silently re-run a host whose worker died; run_on_pod counts that as a preemption
     # and restarts the whole slice. max_calls=1: a fresh worker (and TPU runtime) per attempt, as run_on_pod requires.
     launch_id = new_launch_id()
-    if "--fresh" in train_argv:
-        logger.info("launch %s: one-shot actions (fresh=true) apply to its first attempt only", launch_id)
+    if note := one_shot_actions_note(pod, launch_id):
+        logger.info(note)
     task = host_task(train_argv, pod.workdir, local, secrets, launch_id)
     remote = ray.remote(max_calls=1, max_retries=0)(task)
 

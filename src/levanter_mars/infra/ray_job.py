@@ -80,6 +80,8 @@ def build_job(run: PreparedRun, launch: RayLaunchConfig, environ: Mapping[str, s
     ]  # fmt: skip
     if run.secrets:
         pod_args += ["--secrets", ",".join(sorted(run.secrets))]
+    if run.config.fresh:  # the driver says once that it applies to the first attempt only
+        pod_args += ["--fresh", "true"]
     env_vars = {"RUN_ID": run.run_id}
     if run.slice.is_local:
         # Same machine: run this interpreter on this checkout, in this directory.

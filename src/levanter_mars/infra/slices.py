@@ -7,6 +7,7 @@ what the hosts will build.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import types
@@ -16,7 +17,7 @@ from typing import Any, Mapping
 from levanter.infra.ray_tpu import TPU_CONFIGS, get_tpu_config
 from levanter.trainer import TrainerConfig
 
-from levanter_mars.infra.config import LaunchError
+from levanter_mars.infra.config import TPU_TYPE_ALIASES, LaunchError
 # LOCAL_SLICE, ``--tpu_type cpu``: the local engine, a Ray cluster on this machine with one node per simulated host,
 # posing as a v4 slice with that many hosts (``local_node.py``).
 from levanter_mars.infra.local_node import LOCAL_SLICE, LOCAL_SLICE_SHAPES
@@ -137,14 +138,30 @@ def launch_slice(tpu_type: str, num_hosts: int = 1, devices_per_host: int | None
     return slice_type(tpu_type)
 
 
+def closest_tpu_type(name: str) -> str | None:
+    """The known spelling (a name of Levanter's table, or its alias: ``v5e-16``) closest to ``name``, if any is."""
+    alias_of = {generation: alias for alias, generation in TPU_TYPE_ALIASES.items()}
+    spellings = [LOCAL_SLICE]
+    for config in TPU_CONFIGS:
+        generation, _, size = config.name.partition("-")
+        spellings += [config.name, f"{alias_of[generation]}-{size}"] if generation in alias_of else [config.name]
+    close = difflib.get_close_matches(name.lower(), spellings, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def slice_type(name: str) -> SliceType:
+    """A slice name as the launcher's command line gives it (``config.canonical_tpu_type`` applied)."""
     if name == LOCAL_SLICE:
         return local_slice()
     try:
         config = get_tpu_config(name)
     except ValueError:
+        close = closest_tpu_type(name)
+        hint = f"; did you mean {close!r}?" if close else "."
         known = ", ".join(c.name for c in TPU_CONFIGS)
-        raise LaunchError(f"--tpu_type: unknown slice type {name!r}; known: {LOCAL_SLICE}, {known}") from None
+        raise LaunchError(
+            f"--tpu_type: unknown slice type {name!r}{hint} Known: {LOCAL_SLICE}, {known} (v5e-N is v5litepod-N)"
+        ) from None
     if name.split("-")[0] not in GENERATIONS:
         raise LaunchError(f"--tpu_type {name!r}: no TPU generation known for it ({sorted(GENERATIONS)})")
     return SliceType(name, hosts=config.vm_count, chips_per_host=config.chips_per_vm, devices=config.chip_count)

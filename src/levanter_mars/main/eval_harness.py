@@ -2,8 +2,8 @@
 [--train_config_path config/<run>.yaml] [--field value ...]``
 
 Evaluates a checkpoint on an eval suite and writes results.json and results.md (see docs/evals.md). Exit codes as the
-training program's (training/errors.py): 2 a bad config, 5 a checkpoint that cannot be used, 6 task data that cannot
-be loaded, 1 a crash.
+training program's (training/errors.py, docs/evals.md "Exit codes"): 2 a bad config (a checkpoint_path that holds no
+checkpoint included), 5 checkpoints that cannot be used, 6 task data that cannot be loaded, 1 a crash.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import levanter_mars.optim.levanter_config  # noqa: E402, F401  (registers the mars-* optimizer types)
-from levanter_mars.infra.config import LaunchError  # noqa: E402
+from levanter_mars.infra.config import LaunchError, canonical_tpu_type  # noqa: E402
 from levanter_mars.infra.preflight.report import Verdict, json_line  # noqa: E402
 from levanter_mars.infra.preflight.topology import PreflightError, abstract_devices, tpu_target  # noqa: E402
 from levanter_mars.infra.slices import slice_type  # noqa: E402
@@ -106,7 +106,8 @@ def _parser() -> argparse.ArgumentParser:
     description = __doc__.split("\n\n")[1]
     parser = argparse.ArgumentParser(prog="python -m levanter_mars.main.preflight", description=description)
     parser.add_argument("--config_path", required=True, help="the training YAML")
-    parser.add_argument("--tpu_type", required=True, help="slice type, as the launcher takes it (v4-32, v5litepod-16)")
+    parser.add_argument("--tpu_type", required=True, type=canonical_tpu_type,
+                        help="slice type, as the launcher takes it (v4-32, v5litepod-16 or v5e-16)")
     parser.add_argument("--num_slices", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="end stdout with one JSON object")
     return parser

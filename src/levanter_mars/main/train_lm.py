@@ -22,6 +22,7 @@ from levanter_mars.compat.tracking import only_process_zero_tracks, wandb_offlin
 from levanter_mars.eval import in_training
 from levanter_mars.eval.suite import EvalDatasetError, TaskSpecError
 from levanter_mars.program_config import TrainAndEvalConfig, parse_train_config
+from levanter_mars.program_logging import set_up_program_logging
 from levanter_mars.training import compilation_cache, distributed, pod_start, validation
 from levanter_mars.training.checkpointing.resume import plan_resume
 from levanter_mars.training.config import ConfigError
@@ -44,10 +45,7 @@ def main(config: TrainAndEvalConfig) -> Optional[RunSummary]:
     """Runs (or resumes) training. Raises ConfigError before any compilation if the config is bad. Returns the
     summary on process 0, None on the other hosts."""
     clock = goodput_clock.start()  # this attempt's time, from its launch
-    # Levanter turns on INFO for its own loggers only; ours report resumes and skipped checkpoints.
-    package_logger = logging.getLogger("levanter_mars")
-    if package_logger.level == logging.NOTSET:
-        package_logger.setLevel(logging.INFO)
+    set_up_program_logging()
 
     pod_start.start(config.trainer)
     config.trainer.id = stable_run_id(config)

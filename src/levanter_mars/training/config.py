@@ -19,7 +19,7 @@ from levanter.models.lm_model import LmConfig
 from levanter.optim import OptimizerConfig
 
 import levanter_mars.optim.levanter_config  # noqa: F401  (registers mars-adamw, mars-lion, mars-shampoo, mars-m)
-from levanter_mars.compat.cli import argparse_errors_raise
+from levanter_mars.compat.cli import argparse_errors_raise, help_lists_each_option_once
 from levanter_mars.optim.levanter_config import MarsAdamWConfig
 from levanter_mars.training.data.config import DataConfig, UrlDataConfig
 from levanter_mars.training.errors import shared_error
@@ -80,7 +80,7 @@ def parse_config(argv: Sequence[str], config_class: type = TrainLmConfig):
 
     _identity.__annotations__ = {"config": config_class}
     try:
-        with argparse_errors_raise(ConfigError):
+        with argparse_errors_raise(ConfigError), help_lists_each_option_once():
             return levanter.config.main(_identity, args=argv, config_dir=None)()
     except draccus.utils.DecodingError as e:
         where = ".".join(str(p) for p in e.key_path)

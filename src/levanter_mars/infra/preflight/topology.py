@@ -8,8 +8,12 @@ Chip counts and hosts come from Levanter's slice table (``infra/slices.py``), th
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+import tempfile
 from dataclasses import dataclass
+from typing import Iterator
 
 from levanter_mars.infra.slices import GENERATIONS, GiB, SliceType  # noqa: F401 - GiB is re-exported
 
@@ -94,6 +98,33 @@ def tpu_target(kind: SliceType) -> TpuTarget:
     return TpuTarget(kind.name, kind.generation, topology, chips, cores, megacore, kind.hosts)
 
 
+@contextlib.contextmanager
+def libtpu_startup_noise_held() -> Iterator[None]:
+    """libtpu writes to the process's stderr (file descriptor 2, below Python's ``sys.stderr``) as it loads on a
+    machine that is no TPU VM: it asks for the VM's accelerator type and worker hostnames, finds none, and says so
+    (``Failed to find host bounds``, ``E0000 ... unexpected worker hostname``), though the topology it then builds is
+    the one asked for. Those lines came before pre-flight's verdict. What is written meanwhile is held: dropped when
+    the block succeeds, written to stderr when it raises (then it may say why)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with tempfile.TemporaryFile() as held:
+            os.dup2(held.fileno(), 2)
+            try:
+                yield
+            except BaseException:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+                held.seek(0)
+                os.write(2, held.read())
+                raise
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
+
+
 def abstract_devices(target: TpuTarget, num_slices: int = 1) -> list:
     """The slice's devices as the TPU compiler models them (no TPU needed; needs the ``libtpu`` wheel)."""
     # No TPU is used, and other compiles (other users, parallel tests) may hold libtpu's one-process lockfile.
@@ -107,7 +138,8 @@ def abstract_devices(target: TpuTarget, num_slices: int = 1) -> list:
         # Small v5e/v6e slices have fewer chips than libtpu's default host (2x2): give the host the slice's shape.
         if target.chips < 4:
             options["chips_per_host_bounds"] = tuple(int(d) for d in target.topology.split(":")[1].split("x")) + (1,)
-        description = topologies.get_topology_desc(platform="tpu", topology_name=target.topology, **options)
+        with libtpu_startup_noise_held():  # libtpu loads here, on the first topology of the process
+            description = topologies.get_topology_desc(platform="tpu", topology_name=target.topology, **options)
     except Exception as e:  # noqa: BLE001 - no libtpu, or a libtpu that cannot model the slice: say which
         raise PreflightError(
             f"cannot build the TPU topology {target.topology} for --tpu_type {target.tpu_type}: "

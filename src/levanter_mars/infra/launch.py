@@ -17,9 +17,13 @@ import signal
 import sys
 from typing import Optional, Sequence
 
-from levanter_mars.infra.config import LaunchError, RayLaunchConfig, parse_args
-from levanter_mars.infra.local_node import LOCAL_SLICE
-from levanter_mars.infra.preflight.launch_check import preflight_run, take_skip_flag
+# The launcher plans and submits; it never computes. JAX must not probe for a TPU here (libtpu's start-up noise on a
+# machine without one): the hosts' training processes choose their own platform (the local engine's are CPUs anyway).
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from levanter_mars.infra.config import LaunchError, RayLaunchConfig, parse_args  # noqa: E402
+from levanter_mars.infra.local_node import LOCAL_SLICE  # noqa: E402
+from levanter_mars.infra.preflight.launch_check import preflight_run, take_skip_flag  # noqa: E402
 
 # Light imports only above this line: Ray reads its authentication mode once, when it is imported, and a private
 # cluster's client must be in token mode by then (see cli). plan and ray_job import Levanter, and so Ray.

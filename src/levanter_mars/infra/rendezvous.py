@@ -4,8 +4,9 @@ A TPU pod's hosts find their coordinator by themselves (worker 0, a fixed port).
 127.0.0.1, and each attempt needs a port nobody holds: a killed attempt's coordinator may linger for a moment, and
 other runs share the machine. The job's driver owns one :class:`Rendezvous` actor; every host task asks it for the
 port when it starts, and the actor answers all of them at once, with a port free at that moment, when every host
-of the slice has asked. A host task of an earlier attempt that was cancelled while waiting is dead by then (Ray
-kills the worker of a cancelled task), so it is recognised by its process id and left out.
+of every slice has asked (hosts are known by their ``jax.distributed`` process id). A host task of an earlier
+attempt that was cancelled while waiting is dead by then (Ray kills the worker of a cancelled task), so it is
+recognised by its operating-system pid and left out.
 """
 
 from __future__ import annotations
@@ -26,19 +27,20 @@ def free_port() -> int:
 
 
 class Rendezvous:
-    """All ``num_hosts`` hosts of an attempt get the same fresh port. Async: waiting hosts do not block others."""
+    """All ``num_hosts`` hosts of an attempt (every slice's) get the same fresh port. Async: waiting hosts do not
+    block others."""
 
     def __init__(self, num_hosts: int):
         self._num_hosts = num_hosts
-        self._waiting: dict[int, tuple[int, asyncio.Future]] = {}  # worker id -> (its task's pid, its answer)
+        self._waiting: dict[int, tuple[int, asyncio.Future]] = {}  # process id -> (its task's pid, its answer)
 
-    async def coordinator_port(self, worker_id: int, pid: int) -> int:
+    async def coordinator_port(self, process_id: int, pid: int) -> int:
         for other, (other_pid, answer) in list(self._waiting.items()):
-            if other == worker_id or not psutil.pid_exists(other_pid):  # replaced, or left over from a dead attempt
+            if other == process_id or not psutil.pid_exists(other_pid):  # replaced, or left over from a dead attempt
                 del self._waiting[other]
                 answer.cancel()
         answer = asyncio.get_running_loop().create_future()
-        self._waiting[worker_id] = (pid, answer)
+        self._waiting[process_id] = (pid, answer)
         if len(self._waiting) == self._num_hosts:
             port = free_port()
             for _, waiting in self._waiting.values():
@@ -58,7 +60,7 @@ def start_rendezvous(num_hosts: int) -> tuple[str, object]:
     return name, ray.remote(num_cpus=0)(Rendezvous).options(name=name, namespace=NAMESPACE).remote(num_hosts)
 
 
-def coordinator_port(name: str, worker_id: int) -> int:
+def coordinator_port(name: str, process_id: int) -> int:
     """Asks the job's rendezvous for this attempt's coordinator port (blocks until every host has asked)."""
     rendezvous = ray.get_actor(name, namespace=NAMESPACE)
-    return ray.get(rendezvous.coordinator_port.remote(worker_id, os.getpid()))
+    return ray.get(rendezvous.coordinator_port.remote(process_id, os.getpid()))

@@ -31,6 +31,7 @@ CLUSTER_TPU_TYPES = sorted(
     if name != CLUSTER["head_node_type"]
 )
 SMALL = "config/gpt2_small_mars.yaml"
+TINY = "config/gpt2_tiny_mars.yaml"
 BUCKET = ["--trainer.checkpointer.base_path", "gs://test-bucket/ckpt", "--data.cache_dir", "gs://test-bucket/tok"]
 
 
@@ -205,7 +206,11 @@ def test_the_configs_document_single_and_multi_slice_launches():
             ],
             "trainer.checkpointer.base_path='/tmp/c' is local",
         ),
-        (["--config_path", "config/gpt2_tiny_mars.yaml", "--tpu_type", "cpu", "--num_slices", "2"], "--num_slices 2"),
+        (
+            ["--config_path", TINY, "--tpu_type", "cpu", "--num_slices", "3", "--num_hosts", "4"],
+            "--num_slices 3 x --num_hosts 4: the local pod starts one Ray node per host on this machine, at most 8",
+        ),
+        (["--config_path", TINY, "--tpu_type", "cpu", "--num_slices", "0"], "--num_slices must be >= 1, got 0"),
         (
             [
                 "--config_path",

@@ -1,5 +1,6 @@
-"""The local pod without a cluster: its dry run, the flags and devices each host gets, the coordinator rendezvous,
-and the driver's check that the cluster has the pod's shape. The pod itself runs in test_infra_local_ray.py."""
+"""The local pod without a cluster: its dry run, the flags and devices each host gets (also with several slices), the
+coordinator rendezvous, and the driver's check that the cluster has the pod's shape. The pod itself runs in
+test_infra_local_ray.py."""
 
 import asyncio
 import os
@@ -92,3 +93,72 @@ def test_rendezvous_gives_every_host_of_an_attempt_one_free_port_and_forgets_dea
     assert port == same
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))  # free: nobody holds it
+
+
+def test_the_nodes_of_a_multi_slice_local_pod_pose_as_distinct_slices_numbered_slice_major():
+    from levanter_mars.infra.local_cluster import node_resources
+    from levanter_mars.infra.local_node import node_identity, node_position, slice_name
+
+    assert [node_position(n, 2) for n in range(6)] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+    assert [slice_name(s) for s in range(3)] == [LOCAL_SLICE_NAME, f"{LOCAL_SLICE_NAME}-1", f"{LOCAL_SLICE_NAME}-2"]
+    # Slice 1's second host: its own slice name (what Levanter's slice actor places its hosts by), its place in it.
+    assert node_identity(2, 1, 1) == {
+        "TPU_NAME": f"{LOCAL_SLICE_NAME}-1", "TPU_WORKER_ID": "1", "TPU_ACCELERATOR_TYPE": "v4-16",
+        "TPU_TOPOLOGY": "2x2x2",
+    }  # fmt: skip
+    assert node_identity() == node_identity(1, 0, 0)  # one slice: named as before
+    assert "TPU-cpu-head" in node_resources(0) and "TPU-cpu-head" not in node_resources(1)  # worker 0 of each slice
+
+
+def test_local_engine_refuses_a_cluster_with_fewer_slices_than_the_launch():
+    # Two one-host slices, as LocalRayCluster.start(num_hosts=1, num_slices=2) starts them (Ray adds the names).
+    two_slices = {
+        "TPU-cpu-head": 2, "TPU-v4-8-head": 2, LOCAL_SLICE_NAME: 1, f"{LOCAL_SLICE_NAME}-1": 1,
+        "TPU": 8, "CPU": 18, "memory": 42e9,
+    }  # fmt: skip
+    pod.check_local_cluster(two_slices, local_slice(1), num_slices=2)
+    one_slice_of_two = {
+        "TPU-cpu-head": 1, "TPU-v4-16-head": 1, LOCAL_SLICE_NAME: 2, "TPU": 8, "CPU": 18, "memory": 42e9,
+    }  # fmt: skip
+    with pytest.raises(LaunchError) as error:  # as many nodes, but one slice: Levanter would wait for the second
+        pod.check_local_cluster(one_slice_of_two, local_slice(1), num_slices=2)
+    assert f"'{LOCAL_SLICE_NAME}-1': 1" in str(error.value) and "--num_hosts 1 --num_slices 2" in str(error.value)
+
+
+def test_a_host_of_a_multi_slice_local_pod_is_process_slice_times_hosts_plus_worker(monkeypatch):
+    assert [host.process_id(s, w, 2) for s in range(2) for w in range(2)] == [0, 1, 2, 3]
+    with pytest.raises(ValueError):
+        host.process_id(0, 2, 2)
+    asked = []
+    monkeypatch.setattr(rendezvous, "coordinator_port", lambda name, process: asked.append((name, process)) or 41235)
+    local = host.LocalHost(num_hosts=2, devices_per_host=2, rendezvous="r-2", num_slices=2)
+    megascale = {"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "1"}  # what run_on_pod sets for slice 1
+    flags, _ = host.local_host_setup(local, {"TPU_WORKER_ID": "1", **megascale})
+    assert asked == [("r-2", 3)]
+    assert flags[flags.index("--trainer.distributed.num_processes") + 1] == "4"
+    assert flags[flags.index("--trainer.distributed.process_id") + 1] == "3"
+    with pytest.raises(RuntimeError, match="MEGASCALE_SLICE_ID"):  # a task without its slice cannot be placed
+        host.local_host_setup(local, {"TPU_WORKER_ID": "1"})
+    # Two one-host slices still meet at a coordinator, and the training process keeps the MEGASCALE_* variables.
+    flags, _ = host.local_host_setup(host.LocalHost(1, 2, "r-3", num_slices=2), {"TPU_WORKER_ID": "0", **megascale})
+    assert flags[flags.index("--trainer.distributed.process_id") + 1] == "1"
+    env = host.training_environment({"TPU_NAME": "x", **megascale}, {}, local=True)
+    assert env == megascale
+
+
+def test_multi_slice_local_pod_dry_run_plans_every_slice(capsys, monkeypatch, tmp_path, pydocs_corpus):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    config = tiny_config(tmp_path, pydocs_corpus, "pod-slices-dry")
+    argv = ["--config_path", str(config), "--tpu_type", "cpu", "--num_slices", "2", "--num_hosts", "2",
+            "--devices_per_host", "1", "--", "--trainer.replica_dcn_axis_size", "-1"]  # fmt: skip
+    plan, _, _ = dry_run(capsys, *argv)
+    assert plan["slices"] == 2 and plan["hosts"] == {"per_slice": 2, "total": 4}
+    assert plan["mesh"]["dcn_across_slices"] == {"replica": 2, "data": 1, "model": 1}
+    assert plan["resources"]["total"]["TPU-cpu-head"] == 2
+    per_host = plan["local_pod"]["per_host"]
+    assert per_host["MEGASCALE_NUM_SLICES"] == "2"
+    flags = per_host["training_flags"]
+    assert flags[flags.index("--trainer.distributed.num_processes") + 1] == "4"
+    assert flags[flags.index("--trainer.distributed.process_id") + 1] == "<slice> * 2 + <host: 0..1>"
+    entry = shlex.split(plan["ray_job"]["entrypoint"])
+    assert entry[entry.index("--num_slices") + 1] == "2"

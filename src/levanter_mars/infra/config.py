@@ -44,7 +44,7 @@ class JobConfig:
     train_config: str = ""
     """The training YAML (given as ``--config_path``): a path inside the working directory, or a gs:// URL."""
     num_slices: int = 1
-    """How many slices (multi-slice data parallelism over DCN)."""
+    """How many slices (multi-slice data parallelism over DCN; see docs/pods.md, "Multi-slice")."""
     retries: int = 3
     """Restarts after a failure of the training program (a non-zero exit), each resuming from the newest checkpoint."""
     preemption_retries: int = 100
@@ -74,8 +74,9 @@ class RayLaunchConfig(JobConfig):
     """Shipped to the cluster with the job (TPU types): the code and configs the hosts run. The local engine runs
     in this directory directly, so relative paths in the config (checkpoints, logs) land where you expect."""
     num_hosts: int = 1
-    """``--tpu_type cpu`` only: training processes of the local pod (1, 2, 4 or 8), one per simulated host, joined
-    by ``jax.distributed`` as a TPU slice's hosts are."""
+    """``--tpu_type cpu`` only: training processes per slice of the local pod (1, 2, 4 or 8), one per simulated host,
+    joined by ``jax.distributed`` as a TPU slice's hosts are (with ``--num_slices S``, all S x N of them, at most
+    8)."""
     devices_per_host: Optional[int] = None
     """``--tpu_type cpu`` only: simulated CPU devices of each host. Default: what this shell's XLA_FLAGS
     (``--xla_force_host_platform_device_count``) give one process, else 1."""

@@ -28,9 +28,37 @@ class LocalHost:
     the ``jax.distributed`` flags a TPU pod would detect by itself."""
 
     num_hosts: int
+    """Hosts per slice."""
     devices_per_host: int
     rendezvous: Optional[str] = None
     """Name of the job's :class:`~levanter_mars.infra.rendezvous.Rendezvous` actor (more than one host)."""
+    num_slices: int = 1
+
+    @property
+    def num_processes(self) -> int:
+        """Training processes of the whole pod, every slice's hosts, joined by one ``jax.distributed`` coordinator."""
+        return self.num_hosts * self.num_slices
+
+
+def process_id(slice_id: int, worker_id: int, hosts_per_slice: int) -> int:
+    """A host's ``jax.distributed`` process id: slice-major, as the run counts slices (``compat/levanter_slices``:
+    slice ``s`` holds processes ``s * H .. s * H + H - 1``)."""
+    if not 0 <= worker_id < hosts_per_slice:
+        raise ValueError(f"worker {worker_id} is not a host of a slice of {hosts_per_slice}")
+    return slice_id * hosts_per_slice + worker_id
+
+
+def slice_id_of_task(local: LocalHost, environ: Mapping[str, str]) -> int:
+    """This host task's slice: with several, ``run_on_pod`` gives each slice's tasks ``MEGASCALE_SLICE_ID``."""
+    if local.num_slices == 1:
+        return 0
+    if environ.get("MEGASCALE_NUM_SLICES") != str(local.num_slices) or "MEGASCALE_SLICE_ID" not in environ:
+        raise RuntimeError(
+            f"a host of a {local.num_slices}-slice local pod was started with MEGASCALE_NUM_SLICES="
+            f"{environ.get('MEGASCALE_NUM_SLICES')!r}, MEGASCALE_SLICE_ID={environ.get('MEGASCALE_SLICE_ID')!r}: "
+            "Levanter's run_on_pod sets both per slice"
+        )
+    return int(environ["MEGASCALE_SLICE_ID"])
 
 
 def distributed_flags(num_processes: int, process_id: int | str, port: int | str) -> list[str]:
@@ -66,16 +94,18 @@ def training_environment(
 
 
 def local_host_setup(local: LocalHost, environ: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
-    """The extra training flags and environment of this host of the local pod. With several hosts, this blocks
-    until every host of the attempt has asked (the rendezvous hands them all the same fresh coordinator port)."""
+    """The extra training flags and environment of this host of the local pod. With several hosts (in all slices),
+    this blocks until every host of the attempt has asked (the rendezvous hands them all the same fresh coordinator
+    port). The ``MEGASCALE_*`` variables stay in the environment the training process inherits."""
     env = {"XLA_FLAGS": with_device_count(environ.get("XLA_FLAGS", ""), local.devices_per_host)}
-    if local.num_hosts == 1:
+    if local.num_processes == 1:
         return [], env
     from levanter_mars.infra.rendezvous import coordinator_port
 
     worker_id = int(environ["TPU_WORKER_ID"])  # this node's place in the slice, as Levanter's scheduler reads it
-    port = coordinator_port(local.rendezvous, worker_id)
-    return distributed_flags(local.num_hosts, worker_id, port), env
+    process = process_id(slice_id_of_task(local, environ), worker_id, local.num_hosts)
+    port = coordinator_port(local.rendezvous, process)
+    return distributed_flags(local.num_processes, process, port), env
 
 
 def run_host(

@@ -4,7 +4,8 @@
 Submits the run as a Ray job (one training process per TPU host, restarted after preemptions and failures) and
 follows its log. First, here, the TPU compiler compiles the train step for the slice (``main/preflight.py``): a step
 that does not fit is refused before anything is submitted, and the dry run shows the pre-flight table.
-``--tpu_type cpu [--num_hosts N --devices_per_host D]`` runs it as a local pod on this machine:
+``--tpu_type cpu [--num_slices S --num_hosts N --devices_per_host D]`` runs it as a local pod on this machine
+(S slices of N hosts, one Ray node and one training process per host):
 on the Ray cluster ``--address`` (or ``$RAY_ADDRESS``) names, else on a private one started on 127.0.0.1 for this
 command and stopped when it ends (see ``local_cluster.py``). See infra/README.md.
 """
@@ -82,15 +83,17 @@ def _interrupt(signum, frame):
 
 
 def run_on_private_cluster(job, launch: RayLaunchConfig, hosts: int, label: str, temp_dir: str) -> int:
-    """Starts a local Ray cluster of ``hosts`` nodes in ``temp_dir``, runs the job on it, and stops it (also after
-    an error, Ctrl-C or SIGTERM): the local pod as one command."""
+    """Starts a local Ray cluster of ``launch.num_slices`` slices of ``hosts`` nodes in ``temp_dir``, runs the job
+    on it, and stops it (also after an error, Ctrl-C or SIGTERM): the local pod as one command."""
     from levanter_mars.infra.local_cluster import LocalRayCluster
 
-    print(f"starting {PRIVATE_CLUSTER} ({hosts} host(s)) in {temp_dir}", flush=True)
+    slices = launch.num_slices
+    shape = f"{hosts} host(s)" if slices == 1 else f"{slices} slices x {hosts} host(s)"
+    print(f"starting {PRIVATE_CLUSTER} ({shape}) in {temp_dir}", flush=True)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     cluster, code = None, 1
     try:
-        cluster = LocalRayCluster.start(temp_dir, num_hosts=hosts)
+        cluster = LocalRayCluster.start(temp_dir, num_hosts=hosts, num_slices=slices)
         code = run_job(job, cluster.address, launch, label, private=True)
     except KeyboardInterrupt as e:
         print("\ninterrupted: stopping the private Ray cluster and the run on it", file=sys.stderr)

@@ -1,16 +1,17 @@
 """The local engine: a Ray cluster on this machine, bound to 127.0.0.1, that runs ``--tpu_type cpu`` jobs through
 exactly the code path a TPU pod uses (Levanter's ``run_on_pod``), with one Ray node per simulated host.
 
-Node ``i`` poses as worker ``i`` of a v4 slice with as many hosts (the ``TPU_*`` variables Ray reads on GKE name it,
-see ``local_node.py``), so neither Ray nor Levanter asks the GCE metadata server anything, and it offers the
-resources Levanter's scheduler requests (``TPU-cpu-head`` on node 0 for the slice, ``TPU`` chips, 8 CPUs and 20 GB
-per host task: logical amounts, not a promise of hardware). Ray's own traps on such a machine are handled here:
+With ``S`` slices of ``H`` hosts, node ``s * H + w`` poses as worker ``w`` of slice ``s``, a v4 slice of ``H`` hosts
+named ``local-cpu`` (slice 0) or ``local-cpu-<s>`` (the ``TPU_*`` variables Ray reads on GKE name it, see
+``local_node.py``), so neither Ray nor Levanter asks the GCE metadata server anything, and it offers the resources
+Levanter's scheduler requests (``TPU-cpu-head`` on worker 0 of each slice, ``TPU`` chips, 8 CPUs and 20 GB per host
+task: logical amounts, not a promise of hardware). Ray's own traps on such a machine are handled here:
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps every listener on 127.0.0.1, the dashboard's cloud probes and usage
 ping go to a closed loopback port (``local_node.py``), and token authentication is on, with the mode set the same
 way for the nodes and their clients.
 
-``python -m levanter_mars.infra.local_cluster start|stop|env [--temp_dir DIR] [--num_hosts N]``. ``stop`` ends only
-the processes of the cluster in DIR (never ``ray stop``, which ends every Ray on the machine).
+``python -m levanter_mars.infra.local_cluster start|stop|env [--temp_dir DIR] [--num_hosts N] [--num_slices S]``.
+``stop`` ends only the processes of the cluster in DIR (never ``ray stop``, which ends every Ray on the machine).
 """
 
 from __future__ import annotations
@@ -32,9 +33,17 @@ from levanter_mars.infra.local_node import (
     client_environment,
     new_temp_dir,
     node_environment,
+    node_position,
 )
 from levanter_mars.infra.ports import PortLease, reserve_ports
-from levanter_mars.infra.slices import HOST_TASK_CPUS, HOST_TASK_MEMORY_BYTES, LOCAL_SLICE, head_resource, local_slice
+from levanter_mars.infra.slices import (
+    HOST_TASK_CPUS,
+    HOST_TASK_MEMORY_BYTES,
+    LOCAL_SLICE,
+    check_local_nodes,
+    head_resource,
+    local_slice,
+)
 
 JOIN_MODULE = "levanter_mars.compat.ray_local_nodes"
 STATE_FILE = "levanter_mars_cluster.json"
@@ -79,7 +88,10 @@ def ray_start_args(
     return args
 
 
-def ray_start_hint(num_hosts: int = 1) -> str:
+def ray_start_hint(num_hosts: int = 1, num_slices: int = 1) -> str:
+    if num_slices > 1:
+        command = "python -m levanter_mars.infra.local_cluster start"
+        return f"  {command} --num_hosts {num_hosts} --num_slices {num_slices}   (see infra/README.md)"
     if num_hosts > 1:
         return f"  python -m levanter_mars.infra.local_cluster start --num_hosts {num_hosts}   (see infra/README.md)"
     env = " ".join(f"{k}={v}" for k, v in {**LOOPBACK_ONLY, "RAY_AUTH_MODE": "token", **NODE_ENVIRONMENT}.items())
@@ -100,14 +112,15 @@ _PORT_FLAGS = (
 
 @dataclass
 class LocalRayCluster:
-    """A local-engine cluster (one node per simulated host) in its own temp dir, ports and auth token; stopped by
-    its own process ids. Its ports are reserved (``ports.py``) until it is stopped, or until the process that started
-    it ends (``start`` on the command line: once every ``ray start`` has returned)."""
+    """A local-engine cluster (one node per simulated host, ``num_hosts`` per slice) in its own temp dir, ports
+    and auth token; stopped by its own process ids. Its ports are reserved (``ports.py``) until it is stopped, or
+    until the process that started it ends (``start`` on the command line: once every ``ray start`` has returned)."""
 
     temp_dir: str
     gcs_port: int = 0
     dashboard_port: int = 0
     num_hosts: int = 1
+    num_slices: int = 1
     pids: list[int] = field(default_factory=list)
     ports: Optional[PortLease] = field(default=None, repr=False, compare=False)
 
@@ -135,13 +148,16 @@ class LocalRayCluster:
         environ: Optional[Mapping[str, str]] = None,
         timeout: float = 120,
         num_hosts: int = 1,
+        num_slices: int = 1,
     ):
         local_slice(num_hosts)  # a pod shape the nodes can pose as, or LaunchError
+        check_local_nodes(num_hosts, num_slices)
         temp_dir = temp_dir or new_temp_dir()
         os.makedirs(temp_dir, exist_ok=True)
-        lease = reserve_ports(2 + num_hosts * len(_PORT_FLAGS))
+        nodes = num_hosts * num_slices
+        lease = reserve_ports(2 + nodes * len(_PORT_FLAGS))
         ports = iter(lease.ports)
-        cluster = cls(os.path.realpath(temp_dir), next(ports), next(ports), num_hosts, ports=lease)
+        cluster = cls(os.path.realpath(temp_dir), next(ports), next(ports), num_hosts, num_slices, ports=lease)
         with open(os.open(cluster.token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
             f.write(secrets.token_hex(32))
         base_env = {**(environ if environ is not None else os.environ), **cluster.client_env()}
@@ -149,22 +165,23 @@ class LocalRayCluster:
         ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
         # Ray refuses to add a node while its listeners are kept on 127.0.0.1: see the compat module.
         try:
-            for worker_id in range(num_hosts):  # the head (host 0) first: the others join it
+            for node in range(nodes):  # the cluster's head (slice 0's host 0) first: the others join it
+                slice_id, worker_id = node_position(node, num_hosts)
                 args = ray_start_args(
                     gcs_port=cluster.gcs_port,
                     dashboard_port=cluster.dashboard_port,
                     temp_dir=cluster.temp_dir,
                     extra_ports={flag: next(ports) for flag in _PORT_FLAGS},
                     worker_id=worker_id,
-                    head_address=cluster.gcs_address if worker_id else None,
+                    head_address=cluster.gcs_address if node else None,
                 )
-                env = {**base_env, **node_environment(num_hosts, worker_id)}
-                command = [ray_bin, *args[1:]] if worker_id == 0 else [sys.executable, "-m", JOIN_MODULE, *args[1:]]
+                env = {**base_env, **node_environment(num_hosts, worker_id, slice_id)}
+                command = [ray_bin, *args[1:]] if node == 0 else [sys.executable, "-m", JOIN_MODULE, *args[1:]]
                 proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
                 if proc.returncode != 0:
                     raise RuntimeError(
-                        f"ray start of host {worker_id} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                        f"{proc.stderr[-3000:]}"
+                        f"ray start of slice {slice_id}'s host {worker_id} failed ({proc.returncode}):\n"
+                        f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
                     )
         except BaseException:
             cluster.stop()
@@ -204,6 +221,7 @@ class LocalRayCluster:
             "gcs_port": self.gcs_port,
             "dashboard_port": self.dashboard_port,
             "num_hosts": self.num_hosts,
+            "num_slices": self.num_slices,
         }
         Path(self.temp_dir, STATE_FILE).write_text(json.dumps(state))
 
@@ -250,11 +268,13 @@ def main(argv: Sequence[str]) -> int:
     )
     parser.add_argument("command", choices=["start", "stop", "env"])
     parser.add_argument("--temp_dir", default=None, help="the cluster's directory (start: default a new one in /tmp)")
-    parser.add_argument("--num_hosts", type=int, default=1, help="start: hosts, one Ray node each (1, 2, 4, 8)")
+    parser.add_argument("--num_hosts", type=int, default=1, help="start: hosts per slice (1, 2, 4, 8)")
+    parser.add_argument("--num_slices", type=int, default=1, help="start: slices of --num_hosts hosts each")
     args = parser.parse_args(argv)
     if args.command == "start":
-        cluster = LocalRayCluster.start(args.temp_dir, num_hosts=args.num_hosts)
-        print(f"# local Ray cluster ({cluster.num_hosts} host(s)) up in {cluster.temp_dir}; point clients at it with:")
+        cluster = LocalRayCluster.start(args.temp_dir, num_hosts=args.num_hosts, num_slices=args.num_slices)
+        print(f"# local Ray cluster ({cluster.num_slices} slice(s) x {cluster.num_hosts} host(s)) up in "
+              f"{cluster.temp_dir}; point clients at it with:")  # fmt: skip
         for k, v in cluster.client_env().items():
             print(f"export {k}={shlex.quote(v)}")
         print(f"# stop it with: python -m levanter_mars.infra.local_cluster stop --temp_dir {cluster.temp_dir}")

@@ -4,9 +4,10 @@ uses it, and the launcher before it imports Ray."""
 import os
 import tempfile
 
-# Each node poses as one worker of a v4 slice with as many hosts as the local pod has, through the variables Ray
-# reads on GKE, so Levanter's scheduler runs unchanged and neither Ray nor Levanter asks a GCE metadata server
-# anything. Ray gives worker 0 the slice's head resource and every worker the slice name as a resource.
+# Each node poses as one worker of a v4 slice with as many hosts as a slice of the local pod has, through the
+# variables Ray reads on GKE, so Levanter's scheduler runs unchanged and neither Ray nor Levanter asks a GCE metadata
+# server anything. Ray gives worker 0 the slice's head resource and every worker the slice name as a resource: with
+# several slices, each slice's nodes carry their own name, which Levanter's slice actor schedules its hosts by.
 LOCAL_SLICE = "cpu"
 """``--tpu_type cpu``: the local engine."""
 LOCAL_SLICE_NAME = "local-cpu"
@@ -14,10 +15,21 @@ LOCAL_SLICE_NAME = "local-cpu"
 LOCAL_SLICE_SHAPES = {1: ("v4-8", "2x2x1"), 2: ("v4-16", "2x2x2"), 4: ("v4-32", "2x2x4"), 8: ("v4-64", "2x4x4")}
 
 
-def node_identity(num_hosts: int = 1, worker_id: int = 0) -> dict[str, str]:
+def slice_name(slice_id: int = 0) -> str:
+    """The name (``TPU_NAME``) the nodes of slice ``slice_id`` pose under; slice 0 keeps the one-slice pod's name."""
+    return LOCAL_SLICE_NAME if slice_id == 0 else f"{LOCAL_SLICE_NAME}-{slice_id}"
+
+
+def node_position(node_index: int, num_hosts: int) -> tuple[int, int]:
+    """(slice id, worker id) of the local pod's ``node_index``-th node: nodes are numbered slice-major, as the
+    training processes are (slice ``s`` holds nodes ``s * num_hosts .. s * num_hosts + num_hosts - 1``)."""
+    return divmod(node_index, num_hosts)
+
+
+def node_identity(num_hosts: int = 1, worker_id: int = 0, slice_id: int = 0) -> dict[str, str]:
     poses_as, topology = LOCAL_SLICE_SHAPES[num_hosts]
     return {
-        "TPU_NAME": LOCAL_SLICE_NAME,
+        "TPU_NAME": slice_name(slice_id),
         "TPU_WORKER_ID": str(worker_id),
         "TPU_ACCELERATOR_TYPE": poses_as,
         "TPU_TOPOLOGY": topology,
@@ -34,8 +46,8 @@ NO_OUTSIDE_REQUESTS = {
 }
 
 
-def node_environment(num_hosts: int = 1, worker_id: int = 0) -> dict[str, str]:
-    return {**node_identity(num_hosts, worker_id), **NO_OUTSIDE_REQUESTS}
+def node_environment(num_hosts: int = 1, worker_id: int = 0, slice_id: int = 0) -> dict[str, str]:
+    return {**node_identity(num_hosts, worker_id, slice_id), **NO_OUTSIDE_REQUESTS}
 
 
 NODE_ENVIRONMENT = node_environment()
@@ -58,5 +70,6 @@ def client_environment(temp_dir: str) -> dict[str, str]:
 
 def without_node_environment(environ):
     """``environ`` minus what a node's environment set, and minus every ``TPU_*`` variable (Ray adds some per task):
-    the training process may use the network (W&B, the HF hub) and must not think it is on a TPU."""
+    the training process may use the network (W&B, the HF hub) and must not think it is on a TPU. The
+    ``MEGASCALE_*`` variables ``run_on_pod`` gives each slice's tasks stay: they tell the run its slice."""
     return {k: v for k, v in environ.items() if not k.startswith("TPU_") and NO_OUTSIDE_REQUESTS.get(k) != v}

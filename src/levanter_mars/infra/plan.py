@@ -16,7 +16,7 @@ import draccus
 import yaml
 
 from levanter_mars.infra.config import JobConfig, LaunchError
-from levanter_mars.infra.slices import MeshPlan, SliceType, launch_slice, plan_mesh
+from levanter_mars.infra.slices import MeshPlan, SliceType, check_local_nodes, launch_slice, plan_mesh
 from levanter_mars.training import validation
 from levanter_mars.program_config import TrainAndEvalConfig, parse_train_config
 from levanter_mars.training.run.identity import stable_run_id
@@ -62,12 +62,16 @@ class PreparedRun:
     def _local_pod(self) -> dict[str, Any]:
         from levanter_mars.infra.host import distributed_flags, with_device_count
 
-        hosts = self.slice.hosts
-        per_host = {"XLA_FLAGS": with_device_count("", self.slice.devices_per_host)}
-        if hosts > 1:
-            host_id = f"<host: 0..{hosts - 1}>"
-            per_host["training_flags"] = distributed_flags(hosts, host_id, "<free port, per attempt>")
-        return {"hosts": hosts, "devices_per_host": self.slice.devices_per_host, "per_host": per_host}
+        hosts, slices = self.slice.hosts, self.job.num_slices
+        per_host: dict[str, Any] = {"XLA_FLAGS": with_device_count("", self.slice.devices_per_host)}
+        if slices > 1:  # as run_on_pod sets them per slice
+            per_host["MEGASCALE_NUM_SLICES"] = str(slices)
+            per_host["MEGASCALE_SLICE_ID"] = f"<slice: 0..{slices - 1}>"
+        if hosts * slices > 1:
+            process_id = f"<host: 0..{hosts - 1}>" if slices == 1 else f"<slice> * {hosts} + <host: 0..{hosts - 1}>"
+            per_host["training_flags"] = distributed_flags(hosts * slices, process_id, "<free port, per attempt>")
+        return {"slices": slices, "hosts": hosts, "devices_per_host": self.slice.devices_per_host,
+                "per_host": per_host}  # fmt: skip
 
     def report(self, sections: Mapping[str, Any], commands: str = "") -> str:
         """The dry-run text: the plan (with ``sections``), any commands, and the resolved training config."""
@@ -134,8 +138,8 @@ def prepare(
     """Parses, validates (as the training program does) and plans. Raises LaunchError or ConfigError naming the field.
     A dry run contacts nothing and writes nothing: it skips the checks that would (and lists them)."""
     kind = launch_slice(job.tpu_type, getattr(job, "num_hosts", 1), getattr(job, "devices_per_host", None))
-    if kind.is_local and job.num_slices != 1:
-        raise LaunchError(f"--num_slices {job.num_slices}: the local engine ({job.tpu_type}) has one slice")
+    if kind.is_local:
+        check_local_nodes(kind.hosts, job.num_slices)
     if not kind.is_local:
         _check_shipped_path(job.train_config, working_dir, "--config_path")
 

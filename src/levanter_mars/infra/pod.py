@@ -17,6 +17,7 @@ attempt gets this driver's launch id.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ from levanter.infra.ray_tpu import run_on_pod
 from levanter_mars.compat.ray_jobs import RAY_JOB_CONFIG_JSON_ENV_VAR
 from levanter_mars.infra.config import SECRET_METADATA_PREFIX, LaunchError, split_overrides
 from levanter_mars.infra.host import LocalHost, host_task
-from levanter_mars.infra.local_node import LOCAL_SLICE_NAME, LOCAL_SLICE_SHAPES
+from levanter_mars.infra.local_node import LOCAL_SLICE_SHAPES, slice_name
 from levanter_mars.infra.slices import (
     HOST_TASK_CPUS,
     HOST_TASK_MEMORY_BYTES,
@@ -60,7 +61,7 @@ class PodConfig:
     secrets: str = ""
     """Comma-separated names of the credentials the launcher put in the job's metadata."""
     num_hosts: int = 1
-    """The local pod's hosts (``--tpu_type cpu``)."""
+    """The local pod's hosts per slice (``--tpu_type cpu``)."""
     devices_per_host: Optional[int] = None
     """The local pod's simulated devices per host (``--tpu_type cpu``)."""
     fresh: bool = False
@@ -88,35 +89,35 @@ def take_secrets(names: Sequence[str], environ=os.environ) -> dict[str, str]:
     return found
 
 
-def check_local_cluster(resources: dict[str, float], kind: SliceType) -> None:
-    """The local engine's nodes must offer what Levanter's scheduler asks of a slice of ``kind.hosts`` hosts, and
-    pose as a slice of that many hosts, or the job waits forever; say which resource is missing and how to start
-    the nodes."""
-    hosts = kind.hosts
+def check_local_cluster(resources: dict[str, float], kind: SliceType, num_slices: int = 1) -> None:
+    """The local engine's nodes must offer what Levanter's scheduler asks of ``num_slices`` slices of ``kind.hosts``
+    hosts, and pose as that many slices (each under its own name) of that many hosts, or the job waits forever; say
+    which resource is missing and how to start the nodes."""
+    hosts, nodes = kind.hosts, kind.hosts * num_slices
     needed = {
-        head_resource(LOCAL_SLICE): 1,
-        head_resource(LOCAL_SLICE_SHAPES[hosts][0]): 1,  # Ray's, from the pose: the shape of the slice
-        LOCAL_SLICE_NAME: hosts,
-        "TPU": kind.chips_per_host * hosts,
-        "CPU": HOST_TASK_CPUS * hosts + 1,
-        "memory": HOST_TASK_MEMORY_BYTES * hosts,
+        head_resource(LOCAL_SLICE): num_slices,  # one per slice: Levanter's slice actor holds it
+        head_resource(LOCAL_SLICE_SHAPES[hosts][0]): num_slices,  # Ray's, from the pose: the shape of the slice
+        **{slice_name(s): hosts for s in range(num_slices)},  # the slice actor places its hosts by the slice's name
+        "TPU": kind.chips_per_host * nodes,
+        "CPU": HOST_TASK_CPUS * nodes + 1,
+        "memory": HOST_TASK_MEMORY_BYTES * nodes,
     }
     missing = {k: v for k, v in needed.items() if resources.get(k, 0) < v}
     if missing:
         from levanter_mars.infra.local_cluster import ray_start_hint
 
         raise LaunchError(
-            f"the Ray cluster cannot run the local engine with {hosts} host(s): it lacks {missing} (it has "
-            f"{resources}). Start it with:\n{ray_start_hint(hosts)}"
+            f"the Ray cluster cannot run the local engine with {num_slices} slice(s) of {hosts} host(s): it lacks "
+            f"{missing} (it has {resources}). Start it with:\n{ray_start_hint(hosts, num_slices)}"
         )
 
 
-def wait_for_local_cluster(kind: SliceType, timeout: float = 120.0, poll: float = 1.0) -> None:
+def wait_for_local_cluster(kind: SliceType, num_slices: int = 1, timeout: float = 120.0, poll: float = 1.0) -> None:
     """:func:`check_local_cluster`, allowing the nodes of a cluster that was just started a moment to register."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return check_local_cluster(ray.cluster_resources(), kind)
+            return check_local_cluster(ray.cluster_resources(), kind, num_slices)
         except LaunchError:
             if time.monotonic() > deadline:
                 raise
@@ -137,13 +138,14 @@ def main(argv: Sequence[str]) -> int:
     try:
         ray.init()
         if kind.is_local:
-            wait_for_local_cluster(kind)
-            rendezvous, rendezvous_actor = None, None  # the handle keeps the actor alive until the run ends
-            if kind.hosts > 1:
+            wait_for_local_cluster(kind, pod.num_slices)
+            local = LocalHost(kind.hosts, kind.devices_per_host, num_slices=pod.num_slices)
+            rendezvous_actor = None  # the handle keeps the actor alive until the run ends
+            if local.num_processes > 1:
                 from levanter_mars.infra.rendezvous import start_rendezvous
 
-                rendezvous, rendezvous_actor = start_rendezvous(kind.hosts)
-            local = LocalHost(kind.hosts, kind.devices_per_host, rendezvous)
+                rendezvous, rendezvous_actor = start_rendezvous(local.num_processes)
+                local = dataclasses.replace(local, rendezvous=rendezvous)
     except LaunchError as e:  # the cluster, not the config: a slow or short local cluster is a failure of the launch
         print(f"error: {e}", file=sys.stderr)
         return ExitCode.CRASH

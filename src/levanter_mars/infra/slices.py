@@ -126,6 +126,22 @@ def local_slice(hosts: int = 1, devices_per_host: int | None = None) -> SliceTyp
     return SliceType(LOCAL_SLICE, hosts=hosts, chips_per_host=posing.chips_per_vm, devices=hosts * devices_per_host)
 
 
+MAX_LOCAL_NODES = max(LOCAL_SLICE_SHAPES)
+"""The local pod starts one Ray node (raylet, agents) per host on this machine: no more than one slice's most."""
+
+
+def check_local_nodes(hosts: int, slices: int) -> int:
+    """The local pod's Ray nodes for ``slices`` slices of ``hosts`` hosts, or LaunchError naming the flag."""
+    if slices < 1:
+        raise LaunchError(f"--num_slices must be >= 1, got {slices}")
+    if hosts * slices > MAX_LOCAL_NODES:
+        raise LaunchError(
+            f"--num_slices {slices} x --num_hosts {hosts}: the local pod starts one Ray node per host on this "
+            f"machine, at most {MAX_LOCAL_NODES} in all"
+        )
+    return hosts * slices
+
+
 def launch_slice(tpu_type: str, num_hosts: int = 1, devices_per_host: int | None = None) -> SliceType:
     """The slice a launch asks for: a TPU type fixes its hosts and chips; ``cpu`` takes them from the flags."""
     if tpu_type == LOCAL_SLICE:

@@ -2,7 +2,10 @@
 slices, Levanter's run_on_pod schedules one host task per slice with that slice's ``MEGASCALE_*`` variables, and the
 two training processes meet at one ``jax.distributed`` coordinator and train with the mesh's DCN axis across the
 slices. That 2 slices x 1 host x 2 devices train like 1 slice of 4 devices is held by tests/test_multislice.py
-(processes started directly, no Ray): this test does not repeat the comparison."""
+(processes started directly, no Ray): this test does not repeat the comparison. It is ``extended`` (``make
+test-all``; 175-181 s on the 2 cores): its ground is covered in CI by that test (the training over the DCN mesh) and
+by tests/test_infra_local_pod.py (each piece of the launcher's: the nodes' slices, the process ids, MEGASCALE_* kept,
+the dry run)."""
 
 import json
 import os
@@ -15,7 +18,7 @@ import pytest
 from tests.helpers.ray_launch import launcher_command, launcher_env
 from tests.helpers.training import REPO, output, run_paths, tiny_config
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.extended]
 
 MESH_LINE = "Mesh: replica 2 (DCN 2 x ICI 1), data 2 (DCN 1 x ICI 2), model 1; 2 slice(s) of 2 device(s)"
 

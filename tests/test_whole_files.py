@@ -17,7 +17,8 @@ from levanter_mars.training import whole_files
 from levanter_mars.training.checkpointing import manifest
 from levanter_mars.training.checkpointing.storage import MANIFEST_NAME
 from levanter_mars.training.data import provenance, pydocs_corpus
-from levanter_mars.training.run import fresh, goodput
+from levanter_mars.training.run import fresh
+from levanter_mars.training.run.goodput import record as goodput
 from levanter_mars.training.run.metrics import JsonlMetricsTracker, read_metrics
 from levanter_mars.training.whole_files import write_whole
 

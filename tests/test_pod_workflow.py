@@ -20,6 +20,9 @@ from levanter_mars.training.run.identity import checkpoint_dir
 from levanter_mars.training.run.launch_id import ATTEMPT_STARTED_ENV, LAUNCH_ID_ENV
 from tests.helpers.training import tiny_config
 
+#: The launch options run_on_private_cluster reads: one slice.
+ONE_SLICE = types.SimpleNamespace(num_slices=1)
+
 
 def _config(tmp_path: Path, run_id: str = "once", base_path: str | None = None):
     overrides = {"trainer": {"checkpointer": {"base_path": base_path}}} if base_path else None
@@ -121,24 +124,24 @@ def test_sigterm_stops_the_private_cluster_and_the_launcher_exits_143(tmp_path, 
 
     from levanter_mars.infra import local_cluster
 
-    def start_then_get_terminated(temp_dir, num_hosts):
+    def start_then_get_terminated(temp_dir, num_hosts, num_slices):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(30)  # the handler interrupts this
         raise AssertionError("SIGTERM did not interrupt the launch")
 
     monkeypatch.setattr(local_cluster.LocalRayCluster, "start", staticmethod(start_then_get_terminated))
     previous = signal.getsignal(signal.SIGTERM)
-    code = launch.run_on_private_cluster(None, None, 1, "test", str(tmp_path / "ray"))
+    code = launch.run_on_private_cluster(None, ONE_SLICE, 1, "test", str(tmp_path / "ray"))
     err = capsys.readouterr().err
     assert code == 143, err
     assert "interrupted: stopping the private Ray cluster" in err and f"kept in {tmp_path / 'ray'}" in err
     assert signal.getsignal(signal.SIGTERM) == previous, "the launcher's handler was not removed"
 
-    def start_then_ctrl_c(temp_dir, num_hosts):
+    def start_then_ctrl_c(temp_dir, num_hosts, num_slices):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(local_cluster.LocalRayCluster, "start", staticmethod(start_then_ctrl_c))
-    assert launch.run_on_private_cluster(None, None, 1, "test", str(tmp_path / "ray")) == 130
+    assert launch.run_on_private_cluster(None, ONE_SLICE, 1, "test", str(tmp_path / "ray")) == 130
 
 
 def test_the_private_clusters_client_server_proxy_is_one_of_its_processes(tmp_path):

@@ -43,28 +43,36 @@ def _iota(spec: str) -> np.ndarray:
     return ids.reshape(shape) if dims else ids.reshape(-1)
 
 
+def _as_groups(rows) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(int(i) for i in row) for row in rows)
+
+
+def _mesh_groups(match: re.Match) -> tuple[tuple[int, ...], ...]:
+    """The mesh form: the ids laid out on the named axes; a group runs along the axes named, for each index of the
+    others."""
+    axes = [item.split("=") for item in match.group(1).split(",") if item.strip()]
+    names, sizes = [name.strip().strip("'") for name, _ in axes], [int(size) for _, size in axes]
+    ids = _iota(match.group(2)) if match.group(2) else np.arange(int(np.prod(sizes)))
+    over = [names.index(name.strip().strip("'")) for name in match.group(3).split(",") if name.strip()]
+    moved = np.moveaxis(ids.reshape(sizes), sorted(over), range(-len(over), 0))
+    return _as_groups(moved.reshape(-1, int(np.prod([sizes[i] for i in over]))))
+
+
 def parse_groups(line: str) -> tuple[tuple[int, ...], ...]:
     """The replica groups of one collective's HLO line (``()``: every device, one group)."""
     mesh = _MESH.search(line)
     if mesh:
-        axes = [(name.strip().strip("'"), int(size)) for name, size in
-                (item.split("=") for item in mesh.group(1).split(",") if item.strip())]  # fmt: skip
-        sizes = [size for _, size in axes]
-        ids = _iota(mesh.group(2)) if mesh.group(2) else np.arange(int(np.prod(sizes)))
-        laid = ids.reshape(sizes)
-        over = {name.strip().strip("'") for name in mesh.group(3).split(",") if name.strip()}
-        names = [name for name, _ in axes]
-        moved = np.moveaxis(laid, [names.index(n) for n in names if n in over], range(-len(over), 0))
-        return tuple(tuple(int(i) for i in g) for g in moved.reshape(-1, int(np.prod([s for n, s in axes if n in over]))))
+        return _mesh_groups(mesh)
     explicit = re.search(r"replica_groups=\{(\{[\d,{} ]*\})\}", line)
     if explicit:
-        return tuple(tuple(int(i) for i in g.split(",") if i.strip()) for g in re.findall(r"\{([\d, ]*)\}", explicit.group(1)))
+        rows = re.findall(r"\{([\d, ]*)\}", explicit.group(1))
+        return _as_groups([i for i in row.split(",") if i.strip()] for row in rows)
     iota = re.search(r"replica_groups=(\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?)", line)
     if iota:
-        return tuple(tuple(int(i) for i in g) for g in _iota(iota.group(1)))
+        return _as_groups(_iota(iota.group(1)))
     pairs = re.search(r"source_target_pairs=\{([^}]*(?:\}[^}]*)*)\}", line)
     if pairs:  # a collective-permute: each pair a group
-        return tuple(tuple(int(i) for i in p.split(",")) for p in re.findall(r"\{(\d+,\d+)\}", pairs.group(0)))
+        return _as_groups(p.split(",") for p in re.findall(r"\{(\d+,\d+)\}", pairs.group(0)))
     return ()
 
 
@@ -125,5 +133,6 @@ def dcn_transfers(hlo_text: str) -> list[DcnTransfer]:
         kind = re.search(r'_xla_megascale_transfer_type="(\w+)"', line)
         if match and kind:
             reduction = re.search(r'_xla_megascale_reduce_operation="(\w+)"', line)
-            found.append(DcnTransfer(kind.group(1), _result_bytes(match.group(1)), reduction.group(1) if reduction else ""))
+            found.append(DcnTransfer(kind.group(1), _result_bytes(match.group(1)),
+                                     reduction.group(1) if reduction else ""))  # fmt: skip
     return found

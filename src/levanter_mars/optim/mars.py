@@ -45,11 +45,16 @@ from levanter_mars.optim.mars_family import (
     clipped_correction,
     initial_state,
     mars_family_step,
+    update_form,
 )
 from levanter_mars.optim.dimension_numbers import WeightDimensionNumbers, warn_undeclared, with_dimension_numbers
 from levanter_mars.optim.tensor_roles import TensorRole, map_roles, tensor_roles
 from levanter_mars.optim.update_rules import (
-    adam_moments, mars_adam_direction, orthogonalize, shampoo_scale, written_amsgrad
+    adam_moments,
+    mars_adam_direction,
+    orthogonalize,
+    shampoo_scale,
+    written_amsgrad,
 )
 
 MARS_LABEL = "mars"
@@ -58,12 +63,6 @@ ADAMW_1D_LABEL = "adamw_1d"
 
 def _uses_mars(role: TensorRole, optimize_1d: bool) -> bool:
     return role.is_matrix or optimize_1d
-
-
-def update_form(variant: str, is_matrix: bool) -> str:
-    """The variant whose rule a MARS tensor takes: its own, but MARS-Shampoo's vectors (``optimize_1d``) take
-    MARS-AdamW's, since Newton-Schulz orthogonalizes matrices only. The role audit reports what this says."""
-    return "adamw" if variant == "shampoo" and not is_matrix else variant
 
 
 def _uses_second_moment(role: TensorRole, variant: str, optimize_1d: bool) -> bool:

@@ -150,3 +150,9 @@ def mars_family_step(
     write.report((out.mu, out.nu, out.nu_max, () if exact else out.prev))
     return out.direction, ScaleByMarsState(count=optax.safe_increment(state.count), mu=out.mu, nu=out.nu, prev=prev,
                                            nu_max=out.nu_max)
+
+
+def update_form(variant: str, is_matrix: bool) -> str:
+    """The variant whose rule a MARS tensor takes: its own, but MARS-Shampoo's vectors (``optimize_1d``) take
+    MARS-AdamW's, since Newton-Schulz orthogonalizes matrices only. The role audit reports what this says."""
+    return "adamw" if variant == "shampoo" and not is_matrix else variant

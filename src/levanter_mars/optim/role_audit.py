@@ -28,7 +28,7 @@ import haliax as hax
 import jax
 
 from levanter_mars.optim.dimension_numbers import WeightDimensionNumbers, plain_axis_names, with_dimension_numbers
-from levanter_mars.optim.mars import update_form
+from levanter_mars.optim.mars_family import update_form
 from levanter_mars.optim.role_queries import (
     is_embedding_or_head,
     role_entries,

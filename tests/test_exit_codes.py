@@ -19,6 +19,7 @@ from levanter_mars.training.errors import (
     EvalFailedError,
     ExitCode,
     NonFiniteTrainingError,
+    ResizeRequested,
 )
 from levanter_mars.training.outcome import RetryBudget, judge
 
@@ -28,22 +29,24 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("error,code", [
     (ConfigError("x"), 2), (TaskSpecError("x"), 2), (NonFiniteTrainingError("x"), 3), (DataExhaustedError("x"), 4),
     (CheckpointError("x"), 5), (EvalFailedError("x"), 6), (EvalDatasetError("x"), 6), (RuntimeError("bug"), 1),
-    (OSError("lost a peer"), 1),
+    (OSError("lost a peer"), 1), (ResizeRequested("x"), 7),
 ])  # fmt: skip
 def test_each_stop_the_run_decides_has_its_own_code_and_anything_else_is_a_crash(error, code):
     assert exit_code(error) == code
 
 
-def test_launchers_retry_crashes_signals_and_storage_only():
+def test_launchers_retry_crashes_signals_storage_and_asked_resizes_only():
     """On one host, with budgets left: what is retried (training/outcome.py has the whole policy)."""
     retried = [c for c in range(-15, 160) if judge([c], RetryBudget(), {}).action == "retry"]
-    assert retried == [*range(-15, 0), 1, 5, *range(128, 160)]
+    assert retried == [*range(-15, 0), 1, 5, 7, *range(128, 160)]
+    assert judge([7, -15], RetryBudget(), {}).retry_kind == "resize"  # the peer torn down after process 0 stopped
+    assert judge([7, 7], RetryBudget(resize=1), {"resize": 1}).action == "give_up"
     assert DECIDED_STOPS == {2, 3, 4, 5, 6}
 
 
 def test_the_pod_driver_and_the_launcher_end_with_the_runs_own_code(capsys):
     def results(*codes):
-        return lambda: [{"returncode": c, "process": (0, i)} for i, c in enumerate(codes)]
+        return lambda previous: [{"returncode": c, "process": (0, i)} for i, c in enumerate(codes)]
 
     assert pod.run_attempts(results(0, 0), RetryBudget()) == 0
     assert pod.run_attempts(results(3, 3), RetryBudget()) == 3

@@ -52,7 +52,7 @@ def test_the_ray_driver_follows_the_policy(case, capsys):
     script = iter(attempts)
     made = []
 
-    def attempt():
+    def attempt(previous):
         exits = next(script)
         made.append(exits)
         return [{"returncode": c, "process": (0, i)} for i, c in reversed(list(enumerate(exits)))]
@@ -87,7 +87,7 @@ def test_a_lost_host_is_a_preemption_with_its_own_budget():
 
 
 def test_when_ray_gives_up_on_the_slice_the_driver_says_so(capsys):
-    def attempt():
+    def attempt(previous):
         raise RuntimeError("TPU job was preempted too many times")
 
     assert pod.run_attempts(attempt, BUDGET) == 1

@@ -275,7 +275,7 @@ def _preflight_that(tmp_path, monkeypatch, body: str):
 
     (tmp_path / "fake_preflight.py").write_text(body)
     monkeypatch.setattr(launch_check, "PREFLIGHT_MODULE", "fake_preflight")
-    run = types.SimpleNamespace(run_id="r", slice=slice_type("v4-8"), job=types.SimpleNamespace(num_slices=1),
+    run = types.SimpleNamespace(run_id="r", slice=slice_type("v4-8"), job=types.SimpleNamespace(slice_counts=(1,)),
                                 train_argv=("--config_path", "c.yaml", "--trainer.id", "r"))  # fmt: skip
     return launch_check.preflight_run(run, str(tmp_path), skip=False)
 

@@ -1,4 +1,6 @@
-"""Defect 14: Levanter's TPU preemption probe asks the GCE metadata server, without a timeout.
+"""Defects 14 and 45 of Levanter's TPU infrastructure.
+
+Defect 14: Levanter's TPU preemption probe asks the GCE metadata server, without a timeout.
 
 ``run_on_pod`` checks every slice every 10 s and sorts failures with it; off GCP it raises, so every attempt is torn
 down as unhealthy. Local-engine Ray workers answer "not preempted" without the network. This module imports nothing
@@ -49,3 +51,28 @@ def preemption_probe_off_gce_when_imported() -> None:
         preemption_probe_off_gce()
     elif not any(isinstance(f, _ApplyAfterImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _ApplyAfterImport())
+
+
+# Defect 45: Levanter's run_on_pod limps badly. Given a list of slice counts it first waits for the largest count's
+# slices for up to _START_ACTOR_TIMEOUT (a week) before it settles for fewer; its scale-up check waits as long for
+# slices that are not there; it scales up no sooner than a fixed 12 hours, and then by killing the run between
+# checkpoints. And a preemption past its budget is told apart from a failure only by its message. The launcher
+# (infra/pod.py) runs each attempt on one count it chose by what is up now, through :func:`run_on_slices`.
+PREEMPTED_MESSAGE = "TPU job was preempted too many times"
+
+
+class SlicesPreempted(RuntimeError):
+    """A slice of the attempt was preempted (or a host lost): Levanter's run_on_pod gave up on it."""
+
+
+def run_on_slices(remote_fn, tpu_type: str, slices: int) -> list:
+    """One attempt on ``slices`` slices: every host's result, or :class:`SlicesPreempted`. Levanter retries
+    nothing itself (``max_retries_*=0``); the launcher's outcome policy does."""
+    from levanter.infra.ray_tpu import run_on_pod
+
+    try:
+        return run_on_pod(remote_fn, tpu_type, num_slices=slices, max_retries_preemption=0, max_retries_failure=0)
+    except RuntimeError as e:  # a RayTaskError that is also its cause's class
+        if PREEMPTED_MESSAGE in str(e):
+            raise SlicesPreempted(str(e).strip().splitlines()[-1]) from e
+        raise

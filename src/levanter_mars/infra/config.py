@@ -43,8 +43,13 @@ class JobConfig:
     or ``cpu``: the local engine."""
     train_config: str = ""
     """The training YAML (given as ``--config_path``): a path inside the working directory, or a gs:// URL."""
-    num_slices: int = 1
-    """How many slices (multi-slice data parallelism over DCN; see docs/pods.md, "Multi-slice")."""
+    num_slices: str = "1"
+    """How many slices (multi-slice data parallelism over DCN; see docs/pods.md, "Multi-slice"). A list, ``2,1``,
+    lets the run limp: after a slice is preempted it restarts on the largest count that has slices now, with the same
+    global batch (more microbatches per step), and grows back once slices return (``scale_up_wait_s``)."""
+    scale_up_wait_s: float = 600.0
+    """With several slice counts: how long an attempt on fewer slices runs before, slices being free again, it is
+    asked to stop at its next checkpoint and restart on more."""
     retries: int = 3
     """Restarts after a failure of the training program (a non-zero exit), each resuming from the newest checkpoint."""
     preemption_retries: int = 100
@@ -58,6 +63,15 @@ class JobConfig:
     """Environment variables copied from this shell to the training processes; their values are never printed."""
     dry_run: bool = False
     """Print the resolved config, the job, its environment (secrets redacted) and the resources; contact nothing."""
+
+    @property
+    def slice_counts(self) -> tuple[int, ...]:
+        """The allowed slice counts, largest first."""
+        return parse_slice_counts(self.num_slices)
+
+    @property
+    def max_slices(self) -> int:
+        return self.slice_counts[0]
 
 
 @dataclass(frozen=True)
@@ -80,6 +94,20 @@ class RayLaunchConfig(JobConfig):
     devices_per_host: Optional[int] = None
     """``--tpu_type cpu`` only: simulated CPU devices of each host. Default: what this shell's XLA_FLAGS
     (``--xla_force_host_platform_device_count``) give one process, else 1."""
+
+
+
+def parse_slice_counts(value: str | int) -> tuple[int, ...]:
+    """``"2,1"`` -> ``(2, 1)``; ``"4"`` -> ``(4,)``. Raises LaunchError naming ``--num_slices``."""
+    try:
+        counts = [int(part) for part in str(value).split(",")]
+    except ValueError:
+        raise LaunchError(f"--num_slices {value!r}: a count of slices, or a list of them (2,1)") from None
+    if any(n < 1 for n in counts):
+        raise LaunchError(f"--num_slices must be >= 1, got {value}")
+    if len(set(counts)) != len(counts):
+        raise LaunchError(f"--num_slices {value}: each count once")
+    return tuple(sorted(counts, reverse=True))
 
 
 ConfigT = TypeVar("ConfigT", bound=JobConfig)
@@ -123,8 +151,9 @@ def parse_args(argv: Sequence[str], config_class: type[ConfigT]) -> tuple[Config
 def check(config: JobConfig) -> None:
     if not config.train_config:
         raise LaunchError("--config_path is required: the training YAML")
-    if config.num_slices < 1:
-        raise LaunchError(f"--num_slices must be >= 1, got {config.num_slices}")
+    parse_slice_counts(config.num_slices)
+    if config.scale_up_wait_s < 0:
+        raise LaunchError(f"--scale_up_wait_s must be >= 0, got {config.scale_up_wait_s}")
     if config.retries < 0:
         raise LaunchError(f"--retries must be >= 0, got {config.retries}")
     if config.preemption_retries < 0:

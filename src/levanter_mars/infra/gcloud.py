@@ -63,6 +63,9 @@ def check(config: GcloudLaunchConfig) -> None:
         raise LaunchError(f"--capacity must be one of {sorted(CAPACITY_FLAGS)}, got {config.capacity!r}")
     if config.tpu_type == "cpu":
         raise LaunchError("--tpu_type cpu is the local Ray engine: use python -m levanter_mars.infra.launch")
+    if len(config.slice_counts) > 1:
+        raise LaunchError(f"--num_slices {config.num_slices}: the gcloud path queues one slice count; a run that "
+                          "limps on fewer slices needs the Ray launcher (python -m levanter_mars.infra.launch)")
 
 
 @dataclass(frozen=True)
@@ -91,19 +94,19 @@ class GcloudPlan:
 
     @property
     def nodes(self) -> list[str]:
-        n = self.launch.num_slices
+        n = self.launch.max_slices
         return [self.name] if n == 1 else [f"{self.name}-{i}" for i in range(n)]
 
     def create(self) -> Step:
-        layout = ["--node-id", self.name] if self.launch.num_slices == 1 else [
-            "--node-count", str(self.launch.num_slices), "--node-prefix", self.name,
+        layout = ["--node-id", self.name] if self.launch.max_slices == 1 else [
+            "--node-count", str(self.launch.max_slices), "--node-prefix", self.name,
         ]  # fmt: skip
         argv = (
             "gcloud", "compute", "tpus", "queued-resources", "create", self.name, *self._where,
             "--accelerator-type", self.run.slice.name, "--runtime-version", self.run.slice.runtime_version,
             *layout, *CAPACITY_FLAGS[self.launch.capacity],
         )  # fmt: skip
-        return Step(argv, f"queue {self.launch.num_slices} x {self.run.slice.name} ({self.launch.capacity})")
+        return Step(argv, f"queue {self.launch.max_slices} x {self.run.slice.name} ({self.launch.capacity})")
 
     def describe(self) -> Step:
         argv = ("gcloud", "compute", "tpus", "queued-resources", "describe", self.name, *self._where,

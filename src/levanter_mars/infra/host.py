@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
 from levanter_mars.infra.local_node import without_node_environment
-from levanter_mars.training.run.launch_id import ATTEMPT_STARTED_ENV, LAUNCH_ID_ENV
+from levanter_mars.training.run.launch_id import ATTEMPT_STARTED_ENV, LAUNCH_ID_ENV, SLICE_CHANGE_ENV
 
 TRAIN_MODULE = "levanter_mars.main.train_lm"
 _PR_SET_PDEATHSIG = 1
@@ -110,7 +110,7 @@ def local_host_setup(local: LocalHost, environ: Mapping[str, str]) -> tuple[list
 
 def run_host(
     train_argv: Sequence[str], workdir: Optional[str], local: Optional[LocalHost], secrets: Mapping[str, str],
-    launch_id: Optional[str] = None,
+    launch_id: Optional[str] = None, slice_change: Optional[str] = None,
 ) -> dict:
     """Runs the training program to completion and returns how it ended, whatever that was: the driver judges every
     host's exit together (``training/outcome.py``), since a host's crash or signal may only follow another host's
@@ -120,6 +120,8 @@ def run_host(
     host = socket.gethostname()
     env = training_environment(os.environ, secrets, local is not None, launch_id)
     env[ATTEMPT_STARTED_ENV] = repr(started)
+    if slice_change:  # for the run's goodput record
+        env[SLICE_CHANGE_ENV] = slice_change
     argv = list(train_argv)
     if local is not None:
         flags, extra_env = local_host_setup(local, os.environ)
@@ -143,13 +145,13 @@ def run_host(
 
 def host_task(
     train_argv: Sequence[str], workdir: Optional[str], local: Optional[LocalHost], secrets: Mapping[str, str],
-    launch_id: Optional[str] = None,
+    launch_id: Optional[str] = None, slice_change: Optional[str] = None,
 ) -> Callable[[], dict]:
     """The no-argument function ``run_on_pod`` runs on every host. The credentials ride in the closure (pickled
     into the Ray head's memory), not in a runtime environment, which Ray would write to its logs."""
     train_argv, secrets = list(train_argv), dict(secrets)
 
     def train_on_this_host() -> dict:
-        return run_host(train_argv, workdir, local, secrets, launch_id)
+        return run_host(train_argv, workdir, local, secrets, launch_id, slice_change)
 
     return train_on_this_host

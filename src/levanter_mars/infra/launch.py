@@ -1,4 +1,4 @@
-"""``python -m levanter_mars.infra.launch --config_path config/X.yaml --tpu_type v4-32 [--num_slices N]
+"""``python -m levanter_mars.infra.launch --config_path config/X.yaml --tpu_type v4-32 [--num_slices N or 2,1]
 [--retries K] [--preemption_retries P] [--address http://...] [--dry_run] [--skip_preflight] [-- overrides]``
 
 Submits the run as a Ray job (one training process per TPU host, restarted after preemptions and failures) and
@@ -87,7 +87,7 @@ def run_on_private_cluster(job, launch: RayLaunchConfig, hosts: int, label: str,
     on it, and stops it (also after an error, Ctrl-C or SIGTERM): the local pod as one command."""
     from levanter_mars.infra.local_cluster import LocalRayCluster
 
-    slices = launch.num_slices
+    slices = launch.max_slices
     shape = f"{hosts} host(s)" if slices == 1 else f"{slices} slices x {hosts} host(s)"
     print(f"starting {PRIVATE_CLUSTER} ({shape}) in {temp_dir}", flush=True)
     previous = signal.signal(signal.SIGTERM, _interrupt)
@@ -156,7 +156,7 @@ def cli(argv: Optional[Sequence[str]] = None) -> int:
     if launch.dry_run:
         print(run.report({"address": address, "preflight": preflight_text, "ray_job": job.printable()}))
         return 0
-    label = f"run {run.run_id}, {run.slice.name} x {run.job.num_slices}"
+    label = f"run {run.run_id}, {run.slice.name} x {run.job.num_slices}"  # 2,1: limping between 2 and 1
     if run.slice.is_local:
         label += f", {run.slice.hosts} host(s) x {run.slice.devices_per_host} device(s)"
     if temp_dir:

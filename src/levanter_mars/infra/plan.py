@@ -4,6 +4,7 @@ credentials to forward. Shared by the Ray launcher and the plain-gcloud launcher
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import json
 import os
@@ -15,8 +16,9 @@ from typing import Any, Callable, Mapping, Sequence
 import draccus
 import yaml
 
+from levanter_mars.infra import limping
 from levanter_mars.infra.config import JobConfig, LaunchError
-from levanter_mars.infra.slices import MeshPlan, SliceType, check_local_nodes, launch_slice, plan_mesh
+from levanter_mars.infra.slices import MeshPlan, SliceType, check_local_nodes, launch_slice
 from levanter_mars.training import validation
 from levanter_mars.program_config import TrainAndEvalConfig, parse_train_config
 from levanter_mars.training.run.identity import stable_run_id
@@ -38,20 +40,24 @@ class PreparedRun:
     train_argv: tuple[str, ...]
     """The training command's arguments on every host: the config, the overrides, and the pinned run id."""
     mesh: MeshPlan
+    """The largest allowed slice count's (``meshes`` has every count's)."""
     secrets: Mapping[str, str]
     """Values of ``job.secret_env`` found in the environment: passed on, never printed."""
     checks_skipped: tuple[str, ...] = ()
     """What the validation could not check from here (a dry run contacts nothing and writes nothing)."""
+    meshes: Mapping[int, MeshPlan] = dataclasses.field(default_factory=dict)
+    """Each allowed slice count's mesh, largest first (``--num_slices 2,1``: a run that may limp)."""
 
     def describe(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id,
             "tpu_type": self.slice.name,
-            "slices": self.job.num_slices,
-            "hosts": {"per_slice": self.slice.hosts, "total": self.slice.hosts * self.job.num_slices},
+            "slices": self.job.max_slices,
+            "hosts": {"per_slice": self.slice.hosts, "total": self.slice.hosts * self.job.max_slices},
             "retries": {"failure": self.job.retries, "preemption": self.job.preemption_retries},
-            "resources": self.slice.job_resources(self.job.num_slices),
+            "resources": self.slice.job_resources(self.job.max_slices),
             "mesh": self.mesh.describe(),
+            **({"limping": limping.describe(self.meshes, self.job.scale_up_wait_s)} if len(self.meshes) > 1 else {}),
             "secrets_forwarded": {name: REDACTED for name in sorted(self.secrets)},
             "secrets_not_set": sorted(set(self.job.secret_env) - set(self.secrets)),
             "training_command": ["python", "-m", "levanter_mars.main.train_lm", *self.train_argv],
@@ -62,7 +68,7 @@ class PreparedRun:
     def _local_pod(self) -> dict[str, Any]:
         from levanter_mars.infra.host import distributed_flags, with_device_count
 
-        hosts, slices = self.slice.hosts, self.job.num_slices
+        hosts, slices = self.slice.hosts, self.job.max_slices
         per_host: dict[str, Any] = {"XLA_FLAGS": with_device_count("", self.slice.devices_per_host)}
         if slices > 1:  # as run_on_pod sets them per slice
             per_host["MEGASCALE_NUM_SLICES"] = str(slices)
@@ -139,7 +145,7 @@ def prepare(
     A dry run contacts nothing and writes nothing: it skips the checks that would (and lists them)."""
     kind = launch_slice(job.tpu_type, getattr(job, "num_hosts", 1), getattr(job, "devices_per_host", None))
     if kind.is_local:
-        check_local_nodes(kind.hosts, job.num_slices)
+        check_local_nodes(kind.hosts, job.max_slices)
     if not kind.is_local:
         _check_shipped_path(job.train_config, working_dir, "--config_path")
 
@@ -149,13 +155,18 @@ def prepare(
         else os.path.join(working_dir, job.train_config)
     )
     config = parse_train_config(["--config_path", config_path, *overrides])
+    pinned = limping.pinned_microbatch(config.trainer, kind.devices, job.slice_counts)
+    if pinned:  # every count cuts the batch into the largest count's microbatches
+        overrides = (*overrides, *pinned)
+        config = parse_train_config(["--config_path", config_path, *overrides])
     run_id = job.run_id or stable_run_id(config)
     config.trainer.id = run_id
 
     # The training program's own validation (training/validation.py), for the slice's devices, where the hosts will
     # run it: what would stop the run there stops the launch here, before anything is submitted or compiled.
     validation.check_fields(config)
-    mesh = plan_mesh(config.trainer, kind.devices, job.num_slices)  # names --num_slices where slices do not fit
+    meshes = limping.plan_meshes(config.trainer, kind.devices, job.slice_counts)  # names --num_slices: no fit
+    mesh = meshes[job.max_slices]
     if not kind.is_local:
         _check_for_pod(config)
     with contextlib.chdir(working_dir):
@@ -165,7 +176,7 @@ def prepare(
 
     secrets = {name: environ[name] for name in job.secret_env if environ.get(name)}
     train_argv = ("--config_path", job.train_config, *overrides, "--trainer.id", run_id)
-    return PreparedRun(job, kind, config, run_id, train_argv, mesh, secrets, tuple(skipped))
+    return PreparedRun(job, kind, config, run_id, train_argv, mesh, secrets, tuple(skipped), meshes)
 
 
 def prepare_cli(

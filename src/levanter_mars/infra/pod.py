@@ -1,13 +1,17 @@
 """The Ray job's entrypoint, run on the cluster head: one training process per TPU host, via Levanter's
 ``run_on_pod``, which also restarts the slice after a preemption or a failure (counted separately).
 
-``python -m levanter_mars.infra.pod --tpu_type v4-32 [--num_slices N --retries K --preemption_retries P]
-[--secrets NAMES] [--workdir DIR] [--num_hosts H --devices_per_host D] -- <training args>``
+``python -m levanter_mars.infra.pod --tpu_type v4-32 [--num_slices N or 2,1 --retries K --preemption_retries P]
+[--scale_up_wait_s S --resize_request PATH] [--secrets NAMES] [--workdir DIR] [--num_hosts H --devices_per_host D]
+-- <training args>``
 
 Each host runs ``python -m levanter_mars.main.train_lm <training args>`` as a child process (on the local pod
 with ``--trainer.distributed.*`` flags and a fresh coordinator port per attempt, see ``rendezvous.py``), so a
 crash of the training program is an ordinary failure of the Ray task (retried as a failure), while losing the host
 or its Ray worker is a preemption. Every attempt uses the same run id and so resumes from the newest checkpoint.
+
+Each attempt runs on one slice count (``slice_choice.py``): the largest first, after a preemption the largest whose
+slices are up now, and a run on fewer grows back at a checkpoint once slices return (``--num_slices 2,1``).
 
 Only what can succeed on a retry is retried: a crash, a lost host, a preemption. A stop the run decided (a config
 error, a non-finite stop, exhausted data, unusable checkpoint storage, a failed eval: ``training/errors.py``) ends the
@@ -17,6 +21,7 @@ attempt gets this driver's launch id.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -28,10 +33,10 @@ from typing import Callable, Optional, Sequence
 
 import draccus
 import ray
-from levanter.infra.ray_tpu import run_on_pod
 
+from levanter_mars.compat.levanter_infra import SlicesPreempted, run_on_slices
 from levanter_mars.compat.ray_jobs import RAY_JOB_CONFIG_JSON_ENV_VAR
-from levanter_mars.infra.config import SECRET_METADATA_PREFIX, LaunchError, split_overrides
+from levanter_mars.infra.config import SECRET_METADATA_PREFIX, LaunchError, parse_slice_counts, split_overrides
 from levanter_mars.infra.host import LocalHost, host_task
 from levanter_mars.infra.local_node import LOCAL_SLICE_SHAPES, slice_name
 from levanter_mars.infra.slices import (
@@ -42,8 +47,10 @@ from levanter_mars.infra.slices import (
     head_resource,
     launch_slice,
 )
+from levanter_mars.infra.slice_choice import ScaleUpWatch, change_note, settle_after_preemption, wait_for_slices
 from levanter_mars.training.errors import ExitCode
-from levanter_mars.training.outcome import RetryBudget, judge
+from levanter_mars.training.outcome import LOST, PREEMPTION, RESIZE, RetryBudget, Verdict, judge
+from levanter_mars.training.run import resize
 from levanter_mars.training.run.launch_id import new_launch_id
 
 logger = logging.getLogger("levanter_mars.infra.pod")
@@ -52,7 +59,12 @@ logger = logging.getLogger("levanter_mars.infra.pod")
 @dataclass(frozen=True)
 class PodConfig:
     tpu_type: str
-    num_slices: int = 1
+    num_slices: str = "1"
+    """A count, or the allowed counts of a run that may limp (``2,1``)."""
+    scale_up_wait_s: float = 600.0
+    """A run on fewer slices than allowed grows back no sooner than this after its attempt started."""
+    resize_request: Optional[str] = None
+    """Where to ask the run to stop at its next checkpoint (``training/run/resize.py``); none: it never grows back."""
     retries: int = 3
     preemption_retries: int = 100
     storage_retries: int = 2
@@ -131,6 +143,7 @@ def main(argv: Sequence[str]) -> int:
     local = None
     try:
         kind = launch_slice(pod.tpu_type, pod.num_hosts, pod.devices_per_host)
+        counts = parse_slice_counts(pod.num_slices)
         secrets = take_secrets([name for name in pod.secrets.split(",") if name])
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -138,52 +151,94 @@ def main(argv: Sequence[str]) -> int:
     try:
         ray.init()
         if kind.is_local:
-            wait_for_local_cluster(kind, pod.num_slices)
-            local = LocalHost(kind.hosts, kind.devices_per_host, num_slices=pod.num_slices)
-            rendezvous_actor = None  # the handle keeps the actor alive until the run ends
-            if local.num_processes > 1:
-                from levanter_mars.infra.rendezvous import start_rendezvous
-
-                rendezvous, rendezvous_actor = start_rendezvous(local.num_processes)
-                local = dataclasses.replace(local, rendezvous=rendezvous)
+            wait_for_local_cluster(kind, counts[0])
+            local = LocalHost(kind.hosts, kind.devices_per_host)
     except LaunchError as e:  # the cluster, not the config: a slow or short local cluster is a failure of the launch
         print(f"error: {e}", file=sys.stderr)
         return ExitCode.CRASH
-    if not kind.is_local and ray.cluster_resources().get(head_resource(kind.name), 0) < pod.num_slices:
-        logger.info(
-            "waiting for %d x %s: the autoscaler starts slices on demand", pod.num_slices, head_resource(kind.name)
-        )
+    if not kind.is_local and slices_up(kind) < counts[0]:
+        logger.info("waiting for %d x %s: the autoscaler starts slices on demand", counts[0], head_resource(kind.name))
 
-    # max_retries=0: Ray must not silently re-run a host whose worker died; run_on_pod counts that as a preemption
-    # and restarts the whole slice. max_calls=1: a fresh worker (and TPU runtime) per attempt, as run_on_pod requires.
     launch_id = new_launch_id()
     if note := one_shot_actions_note(pod, launch_id):
         logger.info(note)
-    task = host_task(train_argv, pod.workdir, local, secrets, launch_id)
-    remote = ray.remote(max_calls=1, max_retries=0)(task)
-
-    def attempt() -> list[dict]:
-        # Preemptions (a lost host or Ray worker) are retried inside run_on_pod, within their budget; every host that
-        # ends returns its exit, which run_attempts judges (training/outcome.py).
-        return run_on_pod(remote, pod.tpu_type, num_slices=pod.num_slices,
-                          max_retries_preemption=pod.preemption_retries, max_retries_failure=0)  # fmt: skip
-
+    attempt = SliceAttempts(pod, kind, counts, train_argv, local, secrets, launch_id)
     return run_attempts(attempt, RetryBudget(failure=pod.retries, preemption=pod.preemption_retries,
-                                             storage=pod.storage_retries))  # fmt: skip
+                                             storage=pod.storage_retries, resize=pod.preemption_retries))  # fmt: skip
 
 
-def run_attempts(attempt: Callable[[], Sequence[dict]], budget: RetryBudget, say=print) -> int:
-    """Runs attempts until the outcome policy ends the launch; returns its exit code. ``attempt()`` returns every
-    host's result (``returncode``, ``process``) or raises when Ray gave up on the slice (preemptions past their
-    budget, a task that could not run)."""
+def slices_up(kind: SliceType) -> int:
+    """Slices of ``kind`` whose head node is up in the cluster (in use or not)."""
+    return int(ray.cluster_resources().get(head_resource(kind.name), 0))
+
+
+@dataclass
+class SliceAttempts:
+    """Runs one attempt on every host of the slice count it chooses (``slice_choice.py``); called with the verdict
+    on the attempt before (None: the first)."""
+
+    pod: PodConfig
+    kind: SliceType
+    counts: tuple[int, ...]
+    train_argv: Sequence[str]
+    local: Optional[LocalHost]
+    secrets: dict
+    launch_id: str
+    slices: Optional[int] = None
+    asked: Optional[str] = None
+
+    def __call__(self, previous: Optional[Verdict]) -> list[dict]:
+        present = lambda: slices_up(self.kind)  # noqa: E731
+        if previous is not None and previous.retry_kind == PREEMPTION and self.slices is not None:
+            settle_after_preemption(self.slices, present)
+        slices = self.counts[0] if previous is None else wait_for_slices(self.counts, present)
+        why = self.asked if previous is not None and previous.retry_kind == RESIZE else (
+            previous.reason if previous is not None else "")  # fmt: skip
+        change, self.slices, self.asked = change_note(self.slices, slices, why), slices, None
+        logger.info("attempt on %d x %s%s", slices, self.kind.name, f" ({change})" if change else "")
+        if self.pod.resize_request:
+            resize.clear(self.pod.resize_request)
+        host, rendezvous_actor = self._local_hosts(slices)  # the actor lives as long as this attempt holds it
+        # max_retries=0: Ray must not silently re-run a host whose worker died; it is a preemption (a lost host).
+        # max_calls=1: a fresh worker (and TPU runtime) per attempt, as run_on_pod requires.
+        task = host_task(self.train_argv, self.pod.workdir, host, self.secrets, self.launch_id, slice_change=change)
+        remote = ray.remote(max_calls=1, max_retries=0)(task)
+        watch = ScaleUpWatch(self.counts, slices, present, self.pod.scale_up_wait_s, self.pod.resize_request or "")
+        with watch if self.pod.resize_request else contextlib.nullcontext():
+            try:
+                return run_on_slices(remote, self.pod.tpu_type, slices)
+            finally:
+                self.asked = watch.asked.describe() if watch.asked is not None else None
+                del rendezvous_actor
+
+    def _local_hosts(self, slices: int) -> tuple[Optional[LocalHost], object]:
+        if self.local is None:
+            return None, None
+        host = dataclasses.replace(self.local, num_slices=slices)
+        if host.num_processes == 1:
+            return host, None
+        from levanter_mars.infra.rendezvous import start_rendezvous
+
+        name, actor = start_rendezvous(host.num_processes)
+        return dataclasses.replace(host, rendezvous=name), actor
+
+
+def run_attempts(attempt: Callable[[Optional[Verdict]], Sequence[dict]], budget: RetryBudget, say=print) -> int:
+    """Runs attempts until the outcome policy ends the launch; returns its exit code. ``attempt(verdict on the one
+    before)`` returns every host's result (``returncode``, ``process``), raises SlicesPreempted when a slice was
+    preempted (a lost host: retried as a preemption), or raises when a slice could not run it at all."""
     used: dict[str, int] = {}
+    verdict: Optional[Verdict] = None
     while True:
         try:
-            results = sorted(attempt(), key=lambda r: tuple(r.get("process", (0, 0))))
+            exits = [r["returncode"] for r in sorted(attempt(verdict), key=lambda r: tuple(r.get("process", (0, 0))))]
+        except SlicesPreempted as e:
+            say(f"a slice of the attempt was preempted or lost a host: {e}", file=sys.stderr)
+            exits = [LOST]
         except Exception as e:  # noqa: BLE001 - run_on_pod re-raises its last problem when it gives up
             say(f"error: the slice could not run the attempt, gave up: {type(e).__name__}: {e}", file=sys.stderr)
             return ExitCode.CRASH
-        verdict = judge([r["returncode"] for r in results], budget, used)
+        verdict = judge(exits, budget, used)
         say(f"launch {verdict.action.replace('_', ' ')}: {verdict.reason}",
             file=sys.stdout if verdict.action == "done" else sys.stderr)  # fmt: skip
         if verdict.ends:

@@ -78,6 +78,8 @@ def build_job(run: PreparedRun, launch: RayLaunchConfig, environ: Mapping[str, s
         "--preemption_retries", str(job.preemption_retries),
         "--storage_retries", str(job.storage_retries),
     ]  # fmt: skip
+    if len(job.slice_counts) > 1:  # a run that may limp grows back at a checkpoint, asked beside its checkpoints
+        pod_args += ["--scale_up_wait_s", str(job.scale_up_wait_s), "--resize_request", _resize_request(run, launch)]
     if run.secrets:
         pod_args += ["--secrets", ",".join(sorted(run.secrets))]
     if run.config.fresh:  # the driver says once that it applies to the first attempt only
@@ -100,6 +102,17 @@ def build_job(run: PreparedRun, launch: RayLaunchConfig, environ: Mapping[str, s
     metadata = {"launcher": "levanter-mars", "run_id": run.run_id}
     metadata.update({SECRET_METADATA_PREFIX + name: value for name, value in run.secrets.items()})
     return RayJob(submission_id(run.run_id), entrypoint, runtime_env, metadata)
+
+
+def _resize_request(run: PreparedRun, launch: RayLaunchConfig) -> str:
+    """Where the driver asks the run to stop at a checkpoint, as the hosts name it: relative to the local engine's
+    working directory, where they run."""
+    from levanter_mars.training.run.resize import resize_request_path
+
+    path = resize_request_path(run.config)
+    if run.slice.is_local and "://" not in path and not os.path.isabs(path):
+        path = os.path.join(os.path.realpath(launch.working_dir), path)
+    return path
 
 
 def _client(address: str):

@@ -213,6 +213,18 @@ class MeshPlan:
     def devices(self) -> int:
         return self.num_slices * self.devices_per_slice
 
+    def one_line(self) -> str:
+        """As the run logs its mesh: ``replica 2 (DCN 2 x ICI 1), data 2 (DCN 1 x ICI 2), model 1; 2 slice(s) of 2
+        device(s)``."""
+        from levanter_mars.compat.levanter_slices import describe_mesh
+
+        return describe_mesh(types.SimpleNamespace(
+            replica_axis_size=self.axes["replica"], replica_dcn_axis_size=self.dcn["replica"],
+            replica_ici_axis_size=self.ici["replica"], data_dcn_axis_size=self.dcn["data"],
+            data_ici_axis_size=self.ici["data"], model_axis_size=self.axes["model"], num_slices=self.num_slices,
+            num_devices_per_slice=self.devices_per_slice,
+        ))  # fmt: skip
+
     def warnings(self) -> list[str]:
         out = []
         if self.dcn["data"] > 1:

@@ -35,7 +35,7 @@ from levanter_mars.training.run import lease as run_lease
 from levanter_mars.training.run.goodput import GoodputRecord
 from levanter_mars.training.run.goodput import clock as goodput_clock
 from levanter_mars.training.run.identity import checkpoint_dir, describe_run, run_dir, stable_run_id
-from levanter_mars.training.run.launch_id import LAUNCH_ID_ENV
+from levanter_mars.training.run.launch_id import LAUNCH_ID_ENV, SLICE_CHANGE_ENV
 from levanter_mars.training.run.summary import RunSummary, summarize
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,8 @@ def _train(config: TrainAndEvalConfig, clock, lease: Optional[run_lease.RunLease
         )
     record = None
     if distributed.is_leader():  # before anything else reads metrics.jsonl: what a dead attempt left is still there
-        record = GoodputRecord.open(run_dir(config), clock, os.environ.get(LAUNCH_ID_ENV))
+        record = GoodputRecord.open(run_dir(config), clock, os.environ.get(LAUNCH_ID_ENV),
+                                    slices=config.trainer.num_slices, slice_change=os.environ.get(SLICE_CHANGE_ENV))
 
     with log_file_named_by_run_id():
         levanter.initialize(config)

@@ -15,6 +15,7 @@ the run decided otherwise, which it then exits with itself.
 | 4 | data exhausted before `trainer.num_train_steps` (the last checkpoint was saved) | no |
 | 5 | checkpoint storage unusable: a checkpoint cannot be written (disk full, the storage service failing) or resumed (another optimizer) | `storage_retries` times (2) |
 | 6 | eval failed, with `eval_harness_failure: stop` (the default, `continue`, logs it and trains on) | no |
+| 7 | resize: the launcher asked the run to stop at its next checkpoint (slices came back, `training/run/resize.py`), and it did | at once, on the new slice count |
 
 Light on purpose: the Ray host task imports this module, and must not import JAX.
 """
@@ -32,10 +33,15 @@ class ExitCode(enum.IntEnum):
     DATA_EXHAUSTED = 4
     CHECKPOINT_STORAGE = 5
     EVAL_FAILED = 6
+    RESIZE = 7
+
+
+#: Codes of runs that stopped because the launcher asked them to (not the run's decision, not a failure).
+ASKED_STOPS = frozenset({ExitCode.RESIZE})
 
 
 #: Codes of runs that ended for a reason they report (``training/outcome.py`` says which a launcher retries).
-DECIDED_STOPS = frozenset(code for code in ExitCode if code not in (ExitCode.DONE, ExitCode.CRASH))
+DECIDED_STOPS = frozenset(code for code in ExitCode if code not in (ExitCode.DONE, ExitCode.CRASH, *ASKED_STOPS))
 
 
 def describe_exit(code: int) -> str:
@@ -97,6 +103,12 @@ class EvalFailedError(RuntimeError):
     """An in-training evaluation failed and ``eval_harness_failure`` is ``stop``."""
 
 
+@shared_error
+class ResizeRequested(RuntimeError):
+    """The launcher asked the run to stop at a checkpoint so that it can restart it on another slice count; the
+    checkpoint is written."""
+
+
 #: ``eval_harness_failure``: what a failed in-training evaluation does (logged and counted either way).
 EVAL_FAILURE_POLICIES = ("continue", "stop")
 
@@ -109,4 +121,5 @@ ERROR_EXIT_CODES: tuple[tuple[type[Exception], ExitCode], ...] = (
     (RunLeasedError, ExitCode.CONFIG_ERROR),
     (CheckpointError, ExitCode.CHECKPOINT_STORAGE),
     (EvalFailedError, ExitCode.EVAL_FAILED),
+    (ResizeRequested, ExitCode.RESIZE),
 )

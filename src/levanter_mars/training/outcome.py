@@ -12,6 +12,9 @@ check pass the exits of an attempt's hosts here, in process order, and act on th
   as one), a lost host (a preemption); and, a bounded number of times, unusable checkpoint storage (exit 5), which a
   hiccup of the storage service at an attempt's start makes as surely as a full disk does. Each kind has its budget
   (:class:`RetryBudget`); past it, the launch gives up.
+* **retry at once on another slice count** (``resize``): the launcher asked the run to stop at its next checkpoint
+  because slices came back (``training/run/resize.py``), and it did (exit 7 on every host, or on process 0 with its
+  peers torn down after it). Budgeted like preemptions: each is a slice count's change.
 * **give up**: a code below 128 the training program never exits with (126, 127: a broken image or command) is not
   retried; nor is anything past its budget.
 
@@ -24,10 +27,10 @@ import signal
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
-from levanter_mars.training.errors import DECIDED_STOPS, ExitCode, describe_exit
+from levanter_mars.training.errors import ASKED_STOPS, DECIDED_STOPS, ExitCode, describe_exit
 
 #: The kinds of retry, each with its own budget.
-FAILURE, PREEMPTION, STORAGE = "failure", "preemption", "storage"
+FAILURE, PREEMPTION, STORAGE, RESIZE = "failure", "preemption", "storage", "resize"
 #: A host lost with its training process (a preempted VM, a dead Ray worker): no exit code.
 LOST = None
 #: Exit codes from 128 up are a shell's or a container's report of a process killed by a signal (128 + N: 137 is an
@@ -40,6 +43,7 @@ class RetryBudget:
     failure: int = 3
     preemption: int = 100
     storage: int = 2
+    resize: int = 100
 
     def allows(self, kind: str, used: Mapping[str, int]) -> bool:
         return used.get(kind, 0) < getattr(self, kind)
@@ -88,6 +92,8 @@ def judge(exits: Sequence[Optional[int]], budget: RetryBudget = RetryBudget(),
                        f"program (a broken image or command?) ({said}); not retried", exits=exits)  # fmt: skip
     if decided:  # unusable checkpoint storage: often a passing failure of the storage service
         kind, what = STORAGE, "checkpoint storage unusable"
+    elif any(c in ASKED_STOPS for c in exits):
+        kind, what = RESIZE, "the run stopped at a checkpoint to change its slice count, as asked"
     elif any(c is LOST for c in exits):
         kind, what = PREEMPTION, "a host was lost"
     else:

@@ -36,17 +36,28 @@ def take_skip_flag(argv: Sequence[str]) -> tuple[bool, list[str]]:
 
 def preflight_run(run, working_dir: str, skip: bool) -> tuple[int, str]:
     """Returns (the launcher's exit code, the text the dry run shows): 0 and pre-flight's table; 2 and its refusal;
-    1 and where its log is, when it crashed."""
+    1 and where its log is, when it crashed. A run that may limp (``--num_slices 2,1``) is checked on every count, the
+    largest first: one count that does not fit refuses the launch."""
     if skip:
         return 0, f"skipped ({SKIP_FLAG}): nothing checked that the step fits the slice"
     if run.slice.is_local:
         return 0, "not run: the local engine is not a TPU slice"
+    tables = []
+    for count in run.job.slice_counts:
+        code, text = _preflight_count(run, working_dir, count)
+        if code != 0:
+            return code, text if len(run.job.slice_counts) == 1 else f"on {count} slice(s): {text}"
+        tables.append(text if len(run.job.slice_counts) == 1 else f"# {count} slice(s)\n{text}")
+    return 0, "\n".join(tables)
+
+
+def _preflight_count(run, working_dir: str, count: int) -> tuple[int, str]:
     config_path, overrides = run.train_argv[1], run.train_argv[2:]
     command = [
         sys.executable, "-m", PREFLIGHT_MODULE, "--config_path", config_path,
-        "--tpu_type", run.slice.name, "--num_slices", str(run.job.num_slices), "--", *overrides,
+        "--tpu_type", run.slice.name, "--num_slices", str(count), "--", *overrides,
     ]  # fmt: skip
-    print(f"pre-flight: compiling the train step for {run.job.num_slices} x {run.slice.name} "
+    print(f"pre-flight: compiling the train step for {count} x {run.slice.name} "
           f"(TPU compiler, on this machine; {SKIP_FLAG} skips it)", file=sys.stderr, flush=True)
     log_fd, log_path = tempfile.mkstemp(prefix=f"levanter-mars-preflight-{run.run_id}-", suffix=".log")
     with os.fdopen(log_fd, "w") as log:

@@ -5,6 +5,8 @@ the Ray host task, which must not import JAX)."""
 LAUNCH_ID_ENV = "LEVANTER_MARS_LAUNCH_ID"
 #: When the launcher started this attempt (seconds since the epoch): the goodput record's start of the attempt.
 ATTEMPT_STARTED_ENV = "LEVANTER_MARS_ATTEMPT_STARTED"
+#: Why this attempt runs on another slice count than the one before it (the launcher's words; unset: no change).
+SLICE_CHANGE_ENV = "LEVANTER_MARS_SLICE_CHANGE"
 
 
 def new_launch_id() -> str:

@@ -32,7 +32,10 @@ class GoodputRecord:
         self._written = 0.0
 
     @classmethod
-    def open(cls, run_dir: os.PathLike, clock: PhaseClock, launch_id: Optional[str]) -> "GoodputRecord":
+    def open(cls, run_dir: os.PathLike, clock: PhaseClock, launch_id: Optional[str], *, slices: int = 1,
+             slice_change: Optional[str] = None) -> "GoodputRecord":
+        """``slices``: the attempt's slice count; ``slice_change``: why it differs from the attempt before (the
+        launcher's words), if it does."""
         path = Path(run_dir) / GOODPUT_FILENAME
         data = read_record(path) or {"attempts": []}
         attempts = data["attempts"]
@@ -41,6 +44,9 @@ class GoodputRecord:
             if earlier.get("ended") is None:
                 arithmetic.complete_dead_attempt(earlier, logged, len(attempts) + 1)
         entry = arithmetic.new_entry(attempts, launch_id, clock.started)
+        entry["slices"] = int(slices)
+        if slice_change:
+            entry["slice_change"] = slice_change[:500]
         attempts.append(entry)
         return cls(path, clock, data, entry)
 

@@ -19,13 +19,17 @@ def describe(data: dict) -> list[str]:
         return []
     lines = [f"  goodput:     {data.get('goodput')} (productive {data.get('productive_seconds', 0):.1f} s of "
              f"{data.get('wall_seconds', 0):.1f} s wall, {len(attempts)} attempt(s))"]  # fmt: skip
+    multislice = any(entry.get("slices", 1) != 1 for entry in attempts)
     for number, entry in enumerate(attempts, 1):
         seconds = entry["seconds"]
         split = ", ".join(f"{k} {seconds.get(k, 0):.1f}" for k in CATEGORIES)
         code = entry.get("exit_code")
         steps = f"steps {entry.get('first_step')}..{entry.get('last_step')}"
-        lines.append(f"    {number}. {_origin(entry)}: {steps}, "
+        on = f" on {entry['slices']} slice(s)" if multislice and "slices" in entry else ""
+        lines.append(f"    {number}. {_origin(entry)}{on}: {steps}, "
                      f"{'exit ' + str(code) if code is not None else 'no exit recorded'}; {split} s")  # fmt: skip
+        if entry.get("slice_change"):
+            lines.append(f"       slices changed: {entry['slice_change']}")
     failures = [(f, number) for number, e in enumerate(attempts, 1) for f in e.get("eval_failures") or []]
     for failure, number in failures:
         lines.append(f"  eval failed at step {failure['step']} (attempt {number}): {failure['task']}: "

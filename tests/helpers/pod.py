@@ -166,10 +166,12 @@ def run_pod(config_path: Path, *extra: str, timeout: float = 600, **kwargs) -> P
     return pod
 
 
-def run_helper_processes(module: str, *, num_processes: int = 1, devices: int = 2, timeout: float = 300) -> list:
-    """``python -m MODULE PORT PROCESS_ID`` in ``num_processes`` processes with ``devices`` simulated CPU devices each
+def run_helper_processes(module: str, *args: str, num_processes: int = 1, devices: int = 2,
+                         timeout: float = 300, check: bool = True) -> list:  # fmt: skip
+    """``python -m MODULE PORT PROCESS_ID [ARGS]`` in ``num_processes`` processes with ``devices`` simulated CPU devices each
     (a helper of several processes joins them with jax.distributed on PORT); each must exit 0 and end its stdout with
-    one JSON line, returned in process order."""
+    one JSON line, returned in process order. With ``check=False``: each process's exit code and stderr instead
+    (where a helper shows how a process dies)."""
     import json
 
     env = _env({"XLA_FLAGS": device_flags(devices), "JAX_PLATFORMS": "cpu",
@@ -180,7 +182,8 @@ def run_helper_processes(module: str, *, num_processes: int = 1, devices: int = 
         procs = []
         for i, (out_path, err_path) in enumerate(logs):
             with open(out_path, "w") as out, open(err_path, "w") as err:
-                procs.append(zygote.popen(["-m", module, str(port), str(i)], cwd=REPO, env=env, stdout=out, stderr=err))
+                procs.append(zygote.popen(["-m", module, str(port), str(i), *args], cwd=REPO, env=env, stdout=out,
+                                          stderr=err))  # fmt: skip
         deadline = time.time() + timeout
         for i, proc in enumerate(procs):
             try:
@@ -190,6 +193,8 @@ def run_helper_processes(module: str, *, num_processes: int = 1, devices: int = 
                     p.kill()
                 raise
         outputs = [(o.read_text(), e.read_text(errors="replace")) for o, e in logs]
+    if not check:
+        return [(proc.returncode, err) for proc, (_, err) in zip(procs, outputs)]
     for i, (proc, (_, err)) in enumerate(zip(procs, outputs)):
         assert proc.returncode == 0, f"{module}, process {i}: exit {proc.returncode}\n{err[-4000:]}"
     return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]

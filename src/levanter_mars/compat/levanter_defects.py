@@ -293,4 +293,14 @@ DEFECTS: tuple[Defect, ...] = (
         COMPAT_TESTS + "test_levanter_infra.py::"
         "test_defect_45_run_on_pod_waits_a_week_for_missing_slices_and_scales_up_only_after_12_hours",
     ),
+    Defect(
+        46,
+        LEVANTER,
+        "multihost_broadcast_sync returns on the source before the others have read the value: a process 0 that then "
+        "stops (a refused launch, a decided stop) takes the coordination service with it, and its peers crash "
+        "reading the decision (exit 1, a gRPC error) instead of stopping with it",
+        "training.distributed.exit_now",
+        COMPAT_TESTS + "test_levanter_distributed.py::"
+        "test_defect_46_a_peer_cannot_read_a_decision_once_process_0_has_stopped_and_the_workaround_waits",
+    ),
 )

@@ -137,7 +137,7 @@ def cli(argv: Optional[Sequence[str]] = None) -> int:
             logger.exception("Training failed")
         print(f"{'config error' if code == ExitCode.CONFIG_ERROR else 'error'}: {e}", file=sys.stderr)
         if distributed.is_multiprocess():
-            distributed.exit_now(code)
+            distributed.exit_now(code, together=getattr(e, "decided_together", False))
         return code
     if summary is not None:
         print(summary.describe())

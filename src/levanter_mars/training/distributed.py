@@ -50,9 +50,9 @@ def leader_decides(decide: Callable[[], T]) -> T:
             leader_error = e
     outcome = multihost_broadcast_sync(outcome, timeout=DECISION_TIMEOUT_S)
     if "error" in outcome:
-        if is_leader():
-            raise leader_error
-        raise shared_error_class(outcome["error"])(outcome["message"])
+        error = leader_error if is_leader() else shared_error_class(outcome["error"])(outcome["message"])
+        error.decided_together = True  # every process stops with it: they may leave together (exit_now)
+        raise error
     return outcome["value"]
 
 
@@ -65,10 +65,17 @@ def all_processes(flag: bool) -> bool:
     return bool(np.all(multihost_utils.process_allgather(np.array([flag]))))
 
 
-def exit_now(code: int) -> None:
+def exit_now(code: int, together: bool = False) -> None:
     """Ends this process without jax.distributed's shutdown barrier, which would wait minutes for peers that may be
-    dead or blocked in a collective; the peers end when this process's heartbeats stop."""
+    dead or blocked in a collective; the peers end when this process's heartbeats stop. ``together``: every process
+    stops with the same decision (:func:`leader_decides`), so all take the shutdown barrier: process 0's coordination
+    service then outlives its peers' last read of the decision, which they would otherwise die reading (defect 46)."""
     sys.stdout.flush()
     sys.stderr.flush()
     logging.shutdown()
+    if together and is_multiprocess():
+        try:
+            jax.distributed.shutdown()
+        except Exception:  # noqa: BLE001 - leaving anyway; the code says why
+            pass
     os._exit(code)

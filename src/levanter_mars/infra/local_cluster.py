@@ -12,10 +12,12 @@ way for the nodes and their clients.
 
 ``python -m levanter_mars.infra.local_cluster start|stop|env [--temp_dir DIR] [--num_hosts N] [--num_slices S]``.
 ``stop`` ends only the processes of the cluster in DIR (never ``ray stop``, which ends every Ray on the machine).
+``preempt|restore --temp_dir DIR --slice S``: a slice's preemption, and its return (``local_preemption.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -24,7 +26,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Iterator, Mapping, Optional, Sequence
 
 from levanter_mars.infra.local_node import (
     LOOPBACK_ONLY,
@@ -36,14 +38,8 @@ from levanter_mars.infra.local_node import (
     node_position,
 )
 from levanter_mars.infra.ports import PortLease, reserve_ports
-from levanter_mars.infra.slices import (
-    HOST_TASK_CPUS,
-    HOST_TASK_MEMORY_BYTES,
-    LOCAL_SLICE,
-    check_local_nodes,
-    head_resource,
-    local_slice,
-)
+
+# slices.py (it imports Levanter and Ray: seconds) is imported where used: `stop`, `env`, `preempt` do without it.
 
 JOIN_MODULE = "levanter_mars.compat.ray_local_nodes"
 STATE_FILE = "levanter_mars_cluster.json"
@@ -51,6 +47,8 @@ OBJECT_STORE_BYTES = 200 * 10**6  # the launcher moves no data through Ray: keep
 
 
 def node_resources(worker_id: int = 0) -> dict[str, float]:
+    from levanter_mars.infra.slices import LOCAL_SLICE, head_resource, local_slice
+
     chips = {"TPU": local_slice().chips_per_host}
     return {**chips, head_resource(LOCAL_SLICE): 1} if worker_id == 0 else chips
 
@@ -66,6 +64,8 @@ def ray_start_args(
 ) -> list[str]:
     """``ray start`` for a node of the local engine: the head (host 0), or with ``head_address`` (its GCS) host
     ``worker_id`` joining it. Ports and temp dir are for running several clusters side by side."""
+    from levanter_mars.infra.slices import HOST_TASK_CPUS, HOST_TASK_MEMORY_BYTES
+
     if head_address is None:
         node = [
             "--head", "--node-ip-address", "127.0.0.1", "--port", str(gcs_port),
@@ -99,15 +99,8 @@ def ray_start_hint(num_hosts: int = 1, num_slices: int = 1) -> str:
 
 
 # `ray start` flags of the listeners a second cluster on the machine would otherwise collide on.
-_PORT_FLAGS = (
-    "ray-client-server-port",
-    "node-manager-port",
-    "object-manager-port",
-    "metrics-export-port",
-    "dashboard-agent-listen-port",
-    "dashboard-agent-grpc-port",
-    "runtime-env-agent-port",
-)
+_PORT_FLAGS = ("ray-client-server-port", "node-manager-port", "object-manager-port", "metrics-export-port",
+               "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port")  # fmt: skip
 
 
 @dataclass
@@ -122,6 +115,7 @@ class LocalRayCluster:
     num_hosts: int = 1
     num_slices: int = 1
     pids: list[int] = field(default_factory=list)
+    node_manager_ports: list[int] = field(default_factory=list)  # node i's raylet: how its processes are found
     ports: Optional[PortLease] = field(default=None, repr=False, compare=False)
 
     @property
@@ -150,6 +144,8 @@ class LocalRayCluster:
         num_hosts: int = 1,
         num_slices: int = 1,
     ):
+        from levanter_mars.infra.slices import check_local_nodes, local_slice
+
         local_slice(num_hosts)  # a pod shape the nodes can pose as, or LaunchError
         check_local_nodes(num_hosts, num_slices)
         temp_dir = temp_dir or new_temp_dir()
@@ -160,35 +156,34 @@ class LocalRayCluster:
         cluster = cls(os.path.realpath(temp_dir), next(ports), next(ports), num_hosts, num_slices, ports=lease)
         with open(os.open(cluster.token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
             f.write(secrets.token_hex(32))
-        base_env = {**(environ if environ is not None else os.environ), **cluster.client_env()}
-        base_env.pop("RAY_ADDRESS")  # a node joins the cluster its command line names, no other
-        ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+        environ = environ if environ is not None else os.environ
         # Ray refuses to add a node while its listeners are kept on 127.0.0.1: see the compat module.
         try:
             for node in range(nodes):  # the cluster's head (slice 0's host 0) first: the others join it
-                slice_id, worker_id = node_position(node, num_hosts)
-                args = ray_start_args(
-                    gcs_port=cluster.gcs_port,
-                    dashboard_port=cluster.dashboard_port,
-                    temp_dir=cluster.temp_dir,
-                    extra_ports={flag: next(ports) for flag in _PORT_FLAGS},
-                    worker_id=worker_id,
-                    head_address=cluster.gcs_address if node else None,
-                )
-                env = {**base_env, **node_environment(num_hosts, worker_id, slice_id)}
-                command = [ray_bin, *args[1:]] if node == 0 else [sys.executable, "-m", JOIN_MODULE, *args[1:]]
-                proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
-                if proc.returncode != 0:
-                    raise RuntimeError(
-                        f"ray start of slice {slice_id}'s host {worker_id} failed ({proc.returncode}):\n"
-                        f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-                    )
+                cluster.start_node(node, ports, environ, timeout)
         except BaseException:
             cluster.stop()
             raise
         cluster.pids = cluster._find_pids()
         cluster._save()
         return cluster
+
+    def start_node(self, node: int, ports: Iterator[int], environ: Mapping[str, str], timeout: float = 120) -> None:
+        """``ray start`` of the ``node``-th node (node 0: the head; the others join its GCS) on ``ports``."""
+        slice_id, worker_id = node_position(node, self.num_hosts)
+        extra_ports = {flag: next(ports) for flag in _PORT_FLAGS}
+        head = self.gcs_address if node else None
+        args = ray_start_args(gcs_port=self.gcs_port, dashboard_port=self.dashboard_port, temp_dir=self.temp_dir,
+                              extra_ports=extra_ports, worker_id=worker_id, head_address=head)  # fmt: skip
+        env = {**environ, **self.client_env(), **node_environment(self.num_hosts, worker_id, slice_id)}
+        env.pop("RAY_ADDRESS")  # a node joins the cluster its command line names, no other
+        ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+        command = [ray_bin, *args[1:]] if node == 0 else [sys.executable, "-m", JOIN_MODULE, *args[1:]]
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"ray start of slice {slice_id}'s host {worker_id} failed ({proc.returncode}):\n"
+                               f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")  # fmt: skip
+        self.node_manager_ports[node:node + 1] = [extra_ports["node-manager-port"]]  # start appends, restore replaces
 
     def _is_own(self, cmdline: Sequence[str]) -> bool:
         """Ray's daemons started with this cluster's temp dir; and its client server (``ray.util.client.server
@@ -222,6 +217,7 @@ class LocalRayCluster:
             "dashboard_port": self.dashboard_port,
             "num_hosts": self.num_hosts,
             "num_slices": self.num_slices,
+            "node_manager_ports": self.node_manager_ports,
         }
         Path(self.temp_dir, STATE_FILE).write_text(json.dumps(state))
 
@@ -240,18 +236,7 @@ class LocalRayCluster:
                 procs.append(psutil.Process(pid))
             except psutil.NoSuchProcess:
                 continue
-        for proc in procs:
-            try:
-                proc.terminate()
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=grace)
-        for proc in alive:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=grace)
+        end_processes(procs, grace)
         if self.ports is not None:
             self.ports.release()
         return sorted(p.pid for p in procs)
@@ -260,13 +245,31 @@ class LocalRayCluster:
         return bool(self._find_pids())
 
 
+def end_processes(procs: Sequence, grace: float) -> int:
+    """SIGTERM to ``procs`` (psutil processes), SIGKILL to those alive ``grace`` s later; how many needed it."""
+    import psutil
+
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=grace)
+    return len(alive)
+
+
 def main(argv: Sequence[str]) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
         prog="python -m levanter_mars.infra.local_cluster", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("command", choices=["start", "stop", "env"])
+    if argv[:1] in (["preempt"], ["restore"]):  # local_preemption.py, run as a client of the cluster
+        from levanter_mars.infra.local_preemption import run_as_client
+        return run_as_client(argv)
+    parser.add_argument("command", choices=["start", "stop", "env", "preempt", "restore"])
     parser.add_argument("--temp_dir", default=None, help="the cluster's directory (start: default a new one in /tmp)")
     parser.add_argument("--num_hosts", type=int, default=1, help="start: hosts per slice (1, 2, 4, 8)")
     parser.add_argument("--num_slices", type=int, default=1, help="start: slices of --num_hosts hosts each")

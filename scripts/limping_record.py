@@ -18,7 +18,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "config" / "gpt2_tiny_mars.yaml"
-STEPS = 100
+STEPS = 400  # long enough to be training on one slice when the slice is back and seen
 
 
 def _attempt(entry: dict) -> dict:

@@ -11,17 +11,19 @@ from levanter_mars.bench.limping import limp, one_slice_reference
 from tests.helpers.training import REPO, tiny_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.extended]
+#: Long enough that the run is still training on one slice when the slice is back and the driver has seen it.
+STEPS = 400
 
 
 def test_a_two_slice_run_limps_on_one_after_a_preemption_and_grows_back_at_a_checkpoint(tmp_path, pydocs_corpus):
     config = tiny_config(tmp_path, pydocs_corpus, "limping")
-    run = limp(tmp_path, config, steps=100, repo=REPO)
+    run = limp(tmp_path, config, steps=STEPS, repo=REPO)
     assert run.returncode == 0, run.log[-8000:]
     assert "a slice of the attempt was preempted" in run.log, run.log[-8000:]
 
     # Every step exactly once, in order (a resumed attempt's log replaces what the attempt before it logged later).
     logged = [step for step, _ in run.losses()]
-    assert logged == list(range(100)), logged
+    assert logged == list(range(STEPS)), logged
 
     attempts = run.goodput()["attempts"]
     assert [a["slices"] for a in attempts] == [2, 1, 2], attempts

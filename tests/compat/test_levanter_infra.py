@@ -38,6 +38,10 @@ def test_defect_45_run_on_pod_waits_a_week_for_missing_slices_and_scales_up_only
     source = inspect.getsource(ray_tpu.SlicePoolManager.check_should_scale_up_multislice)
     assert "_add_members_to_actor_pool(next_larger_size)" in source  # which waits _START_ACTOR_TIMEOUT
     assert levanter_infra.PREEMPTED_MESSAGE in inspect.getsource(ray_tpu)
+    from ray.exceptions import OwnerDiedError
+
+    lost_with_its_slice = OwnerDiedError("c3f2", None, "")  # what reading a lost host's task result raises
+    assert isinstance(ray_tpu._handle_ray_error(lost_with_its_slice), ray_tpu.TpuRunError)  # a failure, not preempted
 
     asked = {}
 
@@ -49,6 +53,13 @@ def test_defect_45_run_on_pod_waits_a_week_for_missing_slices_and_scales_up_only
     with pytest.raises(levanter_infra.SlicesPreempted):
         levanter_infra.run_on_slices(object(), "v4-8", 2)
     assert asked == {"num_slices": 2, "max_retries_preemption": 0, "max_retries_failure": 0}
+
+    def lost(remote_fn, tpu_type, **kwargs):
+        raise lost_with_its_slice
+
+    monkeypatch.setattr(ray_tpu, "run_on_pod", lost)
+    with pytest.raises(levanter_infra.SlicesPreempted):
+        levanter_infra.run_on_slices(object(), "v4-8", 2)
 
     def failed(remote_fn, tpu_type, **kwargs):
         raise RuntimeError("Task was cancelled")

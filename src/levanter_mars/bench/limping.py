@@ -41,6 +41,7 @@ class LimpedRun:
     wall_seconds: float
     repo: Optional[Path] = None
     """The working directory of the launch (relative paths of the config)."""
+    steps: int = 0
 
     @property
     def run_dir(self) -> Path:
@@ -83,7 +84,7 @@ def _local_cluster(*args: str, env: dict) -> None:
         raise RuntimeError(f"local_cluster {' '.join(args)}: exit {done.returncode}\n{done.stdout}\n{done.stderr}")
 
 
-def limp(workdir: Path, config: Path, run_id: str = "limping", steps: int = 100, preempt_after: int = 12,
+def limp(workdir: Path, config: Path, run_id: str = "limping", steps: int = 400, preempt_after: int = 12,
          steps_on_one_slice: int = 5, timeout: float = 1200, repo: Optional[Path] = None) -> LimpedRun:  # fmt: skip
     """Runs the scenario of the module docstring; returns the launch's outcome (it does not judge it)."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -92,7 +93,7 @@ def limp(workdir: Path, config: Path, run_id: str = "limping", steps: int = 100,
                "--num_slices", "2,1", "--num_hosts", "1", "--devices_per_host", "2", "--scale_up_wait_s", "0",
                "--retries", "0", "--", *DCN_REPLICAS, *_run_overrides(workdir, run_id, steps)]  # fmt: skip
     log_path = workdir / f"{run_id}.launch.log"
-    run = LimpedRun(workdir, run_id, config, -1, "", 0.0, repo)
+    run = LimpedRun(workdir, run_id, config, -1, "", 0.0, repo, steps)
     started = time.monotonic()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -137,18 +138,26 @@ def _on_one_slice(run: LimpedRun, steps: int) -> Optional[dict]:
     return None
 
 
-def one_slice_reference(run: LimpedRun, resumed_from: int, last_step: int) -> dict[int, float]:
-    """A plain one-process run of 2 devices resumed from the limped run's checkpoint ``step-{resumed_from}``, trained
-    through ``last_step``: its training loss of each step."""
+def one_slice_reference(run: LimpedRun, resumed_from: int, last_step: int, timeout: float = 900) -> dict[int, float]:
+    """A plain one-process run of 2 devices resumed from the limped run's checkpoint ``step-{resumed_from}`` with the
+    same config (its learning-rate schedule spans the run's steps), stopped once it has logged ``last_step``: its
+    training loss of each step after the checkpoint."""
     workdir = run.workdir / "reference"
     shutil.rmtree(workdir, ignore_errors=True)
-    target = workdir / "ckpt" / run.run_id / f"step-{resumed_from}"
-    shutil.copytree(run.checkpoints / f"step-{resumed_from}", target)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    shutil.copytree(run.checkpoints / f"step-{resumed_from}", workdir / "ckpt" / run.run_id / f"step-{resumed_from}")
+    from levanter_mars.infra.host import with_device_count
+
+    # The launcher's host keeps the other XLA flags of its environment (tests': a cheaper codegen): so does this run.
+    env = {**os.environ, "XLA_FLAGS": with_device_count(os.environ.get("XLA_FLAGS", ""), 2), "JAX_PLATFORMS": "cpu"}
     command = [sys.executable, "-m", "levanter_mars.main.train_lm", "--config_path", str(run.config), *DCN_REPLICAS,
-               *PINNED, *_run_overrides(workdir, run.run_id, last_step + 1)]  # fmt: skip
-    done = subprocess.run(command, cwd=run.repo, env=env, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise RuntimeError(f"the 1-slice reference failed ({done.returncode}):\n{done.stderr[-6000:]}")
-    rows = read_metrics(workdir / "runs" / run.run_id / "metrics.jsonl")
-    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r and r["step"] > resumed_from}
+               *PINNED, *_run_overrides(workdir, run.run_id, run.steps)]  # fmt: skip
+    log_path = workdir / "reference.log"
+    reference = LimpedRun(workdir, run.run_id, run.config, -1, "", 0.0, run.repo, run.steps)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(command, cwd=run.repo, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_for(f"step {last_step}", lambda: _logged_step(reference, last_step), proc, log_path, timeout)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    return {step: loss for step, loss in reference.losses() if resumed_from < step <= last_step}

@@ -287,8 +287,9 @@ DEFECTS: tuple[Defect, ...] = (
         45,
         LEVANTER,
         "run_on_pod with a list of slice counts waits up to a week for the largest count before it limps on fewer, "
-        "scales back up no sooner than a fixed 12 hours and by killing the run between checkpoints, and tells a "
-        "preemption past its budget from a failure only by its message",
+        "scales back up no sooner than a fixed 12 hours and by killing the run between checkpoints, tells a "
+        "preemption past its budget from a failure only by its message, and counts a slice lost with its hosts as a "
+        "failure (the lost host actor owned its task's result: OwnerDiedError)",
         "compat.levanter_infra.run_on_slices",
         COMPAT_TESTS + "test_levanter_infra.py::"
         "test_defect_45_run_on_pod_waits_a_week_for_missing_slices_and_scales_up_only_after_12_hours",

@@ -56,7 +56,9 @@ def preemption_probe_off_gce_when_imported() -> None:
 # Defect 45: Levanter's run_on_pod limps badly. Given a list of slice counts it first waits for the largest count's
 # slices for up to _START_ACTOR_TIMEOUT (a week) before it settles for fewer; its scale-up check waits as long for
 # slices that are not there; it scales up no sooner than a fixed 12 hours, and then by killing the run between
-# checkpoints. And a preemption past its budget is told apart from a failure only by its message. The launcher
+# checkpoints. A preemption past its budget is told apart from a failure only by its message, and a slice lost with
+# its hosts ends the attempt as a *failure*: the lost host actor owned its task's result, whose read raises
+# OwnerDiedError, which its error sorting does not know (an "Unknown error", a TpuRunError). The launcher
 # (infra/pod.py) runs each attempt on one count it chose by what is up now, through :func:`run_on_slices`.
 PREEMPTED_MESSAGE = "TPU job was preempted too many times"
 
@@ -70,9 +72,11 @@ def run_on_slices(remote_fn, tpu_type: str, slices: int) -> list:
     nothing itself (``max_retries_*=0``); the launcher's outcome policy does."""
     from levanter.infra.ray_tpu import run_on_pod
 
+    from ray.exceptions import OwnerDiedError
+
     try:
         return run_on_pod(remote_fn, tpu_type, num_slices=slices, max_retries_preemption=0, max_retries_failure=0)
-    except RuntimeError as e:  # a RayTaskError that is also its cause's class
-        if PREEMPTED_MESSAGE in str(e):
+    except Exception as e:  # a RayTaskError that is also its cause's class
+        if isinstance(e, OwnerDiedError) or PREEMPTED_MESSAGE in str(e):
             raise SlicesPreempted(str(e).strip().splitlines()[-1]) from e
         raise

@@ -208,7 +208,7 @@ class SliceAttempts:
             try:
                 return run_on_slices(remote, self.pod.tpu_type, slices)
             finally:
-                self.asked = watch.asked.describe() if watch.asked is not None else None
+                self.asked = watch.asked.reason if watch.asked is not None else None
                 del rendezvous_actor
 
     def _local_hosts(self, slices: int) -> tuple[Optional[LocalHost], object]:

@@ -13,7 +13,9 @@ from levanter_mars.infra.config import LaunchError, parse_slice_counts
 from levanter_mars.infra.slice_choice import (
     ScaleUpWatch,
     change_note,
+    first_count,
     largest_up,
+    next_count,
     settle_after_preemption,
     wait_for_slices,
 )
@@ -23,6 +25,7 @@ from levanter_mars.training.run import resize
 from levanter_mars.training.run.goodput import GoodputRecord
 from levanter_mars.training.run.goodput.clock import PhaseClock
 from levanter_mars.training.run.goodput.report import describe
+from levanter_mars.training.run.launch_id import LAUNCH_ID_ENV
 from tests.helpers.ray_launch import dry_run
 from tests.helpers.training import POLL_S, losses, output, rerun_matches_reference, run_cli, run_paths, tiny_config
 
@@ -142,22 +145,35 @@ def test_after_a_preemption_the_count_waits_until_ray_sees_the_slice_gone_or_the
     seen = iter([2, 2, 1])
     assert settle_after_preemption(2, lambda: next(seen), settle_s=60, poll_s=POLL_S) == 1
     assert settle_after_preemption(2, lambda: 2, settle_s=POLL_S, poll_s=POLL_S) == 2  # a host lost, no slice
+    # A retry after a lost host settles; after a crash (exit 1) it counts at once; the largest count up is taken.
+    looks = []
+    assert next_count((2, 1), 2, [0, None], lambda: looks.append(1) or (2 if len(looks) < 3 else 1)) == 1
+    assert len(looks) >= 3  # looked again until the slice was gone
+    assert next_count((2, 1), 2, [1, 1], lambda: 2) == 2
+
+
+def test_the_first_attempt_waits_for_the_largest_count_then_with_several_allowed_takes_what_is_up():
+    assert first_count((2, 1), lambda: 2, wait_s=60, poll_s=POLL_S) == 2
+    assert first_count((2, 1), lambda: 1, wait_s=POLL_S, poll_s=POLL_S) == 1  # after the wait: what is up
+    ups = iter([1, 1, 2])
+    assert first_count((2,), lambda: next(ups), wait_s=0, poll_s=POLL_S) == 2  # one count: waits for it
 
 
 def test_a_run_on_fewer_slices_is_asked_to_grow_only_after_the_wait_and_once_slices_are_up(tmp_path):
     now = [100.0]
     up = [1]
     path = str(tmp_path / "run.resize.json")
-    watch = ScaleUpWatch((2, 1), 1, lambda: up[0], wait_s=60, request_path=path, clock=lambda: now[0])
+    watch = ScaleUpWatch((2, 1), 1, lambda: up[0], wait_s=60, request_path=path, launch_id="L", clock=lambda: now[0])
     assert watch.check(since=100.0) is None  # slices up or not: too soon
     now[0] = 161.0
     assert watch.check(since=100.0) is None and resize.read(path) is None  # the wait is over, no slice is back
     up[0] = 2
     asked = watch.check(since=100.0)
     assert (asked.from_slices, asked.to_slices) == (1, 2) and "2 slice(s) up again after 61 s on 1" in asked.reason
-    assert resize.pending_for(path, 1) == asked and resize.pending_for(path, 2) is None  # only to the 1-slice attempt
+    assert resize.pending_for(path, 1, "L") == asked  # to this launch's 1-slice attempt only:
+    assert resize.pending_for(path, 2, "L") is None and resize.pending_for(path, 1, "another launch") is None
     assert watch.check(since=100.0) is None  # asked once
-    assert ScaleUpWatch((2, 1), 2, lambda: 3, 0, path).larger == []  # on the largest count: nothing to watch
+    assert ScaleUpWatch((2, 1), 2, lambda: 3, 0, path, "L").larger == []  # on the largest count: nothing to watch
 
 
 def test_a_preempted_slice_is_retried_as_a_preemption_and_the_next_attempt_knows_why(capsys):
@@ -203,13 +219,42 @@ def test_a_run_asked_to_resize_stops_after_its_next_checkpoint_and_resumes_bitwi
     paths = run_paths(tmp_path, "limp-resize")
     path = resize.resize_request_path(parse_train_config(["--config_path", str(config)]))
     assert path == str(tmp_path / "checkpoints" / "limp-resize.resize.json")
-    resize.request(path, from_slices=1, to_slices=2, reason="slices came back")
-    stopped = run_cli(config)
+    resize.request(path, from_slices=1, to_slices=2, reason="slices came back", launch_id="this-launch")
+    stopped = run_cli(config, env={LAUNCH_ID_ENV: "this-launch"})
     assert stopped.returncode == 7, output(stopped)[-3000:]
     assert "stopped after the checkpoint of step 10, as the launcher asked (1 -> 2 slice(s): slices came back)" in \
         output(stopped)  # fmt: skip
     assert sorted(losses(paths["metrics"])) == list(range(11))  # step-10 holds steps 0..10
     goodput = json.loads((paths["run_dir"] / "goodput.json").read_text())
     assert goodput["attempts"][0]["exit_code"] == 7 and goodput["attempts"][0]["slices"] == 1
-    resize.clear(path)  # as the driver does before the next attempt
+    # The next attempt (the driver clears the request before it; here it is left: a plain command never looks).
     rerun_matches_reference(config, paths, reference_runs, resumed_from=10)
+
+
+def test_only_a_launchers_run_looks_for_requests_and_only_for_its_launch(monkeypatch, tmp_path, pydocs_corpus):
+    config = parse_train_config(["--config_path", str(tiny_config(tmp_path, pydocs_corpus, "limp-who"))])
+    monkeypatch.delenv(LAUNCH_ID_ENV, raising=False)
+    assert resize.for_this_launch(config) is None  # a plain command
+    monkeypatch.setenv(LAUNCH_ID_ENV, "L1")
+    path, launch = resize.for_this_launch(config)
+    assert (path, launch) == (resize.resize_request_path(config), "L1")
+    resize.request(path, 1, 2, "left by an earlier launch", launch_id="L0")
+    assert resize.pending_for(path, 1, launch) is None
+
+
+def test_allowing_fewer_slices_keeps_a_derived_run_id(capsys, monkeypatch, tmp_path, pydocs_corpus):
+    """A config without ``trainer.id`` gets one derived from its content: the pin must not change it, or a relaunch
+    with ``2,1`` would start over instead of resuming."""
+    import yaml
+
+    config = tiny_config(tmp_path, pydocs_corpus, "unused")
+    data = yaml.safe_load(config.read_text())
+    del data["trainer"]["id"]
+    config.write_text(yaml.safe_dump(data))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ids = []
+    for counts in ("2", "2,1"):
+        plan, _, _ = dry_run(capsys, "--config_path", str(config), "--tpu_type", "cpu", "--num_slices", counts,
+                             "--devices_per_host", "2", "--", "--trainer.replica_dcn_axis_size", "-1")  # fmt: skip
+        ids.append(plan["run_id"])
+    assert ids[0] == ids[1] and ids[0].startswith("gpt2"), ids

@@ -3,9 +3,9 @@ slices by the launcher's ``MEGASCALE_*`` environment, the mesh's DCN axes across
 
 The proof is against the session's one-slice pod (``pod_reference``: 2 processes x 2 devices, one slice): the same
 tiny run as 2 slices x 1 host x 2 devices, data parallel over DCN (``replica_dcn_axis_size: -1``), trains the same
-losses, and its compiled training step crosses slices only in collectives over the DCN axis alone, read from the
-step's HLO (tests of the reader: tests/test_collectives.py). The slices' layout and the defect itself:
-tests/compat/test_levanter_slices.py."""
+losses, resumes from a checkpoint bitwise, and its compiled training step crosses slices only in collectives over the
+DCN axis alone, read from the step's HLO (tests of the reader: tests/test_collectives.py). The slices' layout and the
+defect itself: tests/compat/test_levanter_slices.py."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 
 from levanter_mars.bench.collectives import collectives, crossing, dcn_transfers, only_over_dcn
 from tests.helpers.pod import run_pod
+from tests.helpers.scenarios import copy_of_run
 from tests.helpers.training import losses, run_paths, tiny_config
 from tests.helpers.xla_flags import device_flags
 
@@ -51,6 +52,16 @@ def test_two_slices_train_like_one_and_cross_slices_only_over_the_dcn_axis(tmp_p
     # The FSDP shards' gradients (the embedding's: 2 x 4096 x 16 x 4 bytes) are summed over DCN alone.
     assert max(c.bytes for c in dcn if c.op == "all-reduce") == 2 * 4096 * 16 * 4, dcn
     print(f"collectives crossing slices: {[(c.op, c.groups, c.bytes) for c in across]} of {len(found)}")
+
+    # Killed right after its step-20 checkpoint (a copy of what it left) and resumed on 2 slices: bitwise the same.
+    copy, resumed = copy_of_run(config, run_paths(tmp_path, run_id), tmp_path / "resumed", up_to_step=20)
+    rerun = run_pod(copy, log_dir=tmp_path / "logs", name=f"{run_id}-resumed",
+                    process_env=lambda i: {"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": str(i)})  # fmt: skip
+    assert [p.returncode for p in rerun.procs] == [0, 0], rerun.describe()
+    assert "step-20" in rerun.output(0) and "Resuming from" in rerun.output(0), rerun.output(0)[-3000:]
+    again = losses(resumed["metrics"])
+    assert sorted(again) == list(range(30))
+    assert again == got, {s: (again[s], got[s]) for s in got if again[s] != got[s]}
 
 
 def _dcn_or_whole_batch(across, slice_of):

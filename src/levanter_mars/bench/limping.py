@@ -27,8 +27,6 @@ from levanter_mars.training.run.metrics import read_metrics
 
 POLL_S = 0.5
 DCN_REPLICAS = ("--trainer.replica_dcn_axis_size", "-1")
-#: 8 examples on 2 x 2 devices are 2 per device: one slice takes them in 2 microbatches (what the launcher pins).
-PINNED = ("--trainer.per_device_parallelism", "2")
 
 
 @dataclass
@@ -138,6 +136,15 @@ def _on_one_slice(run: LimpedRun, steps: int) -> Optional[dict]:
     return None
 
 
+def _pinned(config: Path) -> tuple[str, ...]:
+    """The examples per device and microbatch the launcher pinned for 2 slices x 2 devices (infra/limping.py)."""
+    from levanter_mars.infra.limping import pinned_microbatch
+    from levanter_mars.program_config import parse_train_config
+
+    trainer = parse_train_config(["--config_path", str(config), *DCN_REPLICAS]).trainer
+    return pinned_microbatch(trainer, 2, (2, 1))
+
+
 def one_slice_reference(run: LimpedRun, resumed_from: int, last_step: int, timeout: float = 900) -> dict[int, float]:
     """A plain one-process run of 2 devices resumed from the limped run's checkpoint ``step-{resumed_from}`` with the
     same config (its learning-rate schedule spans the run's steps), stopped once it has logged ``last_step``: its
@@ -150,7 +157,7 @@ def one_slice_reference(run: LimpedRun, resumed_from: int, last_step: int, timeo
     # The launcher's host keeps the other XLA flags of its environment (tests': a cheaper codegen): so does this run.
     env = {**os.environ, "XLA_FLAGS": with_device_count(os.environ.get("XLA_FLAGS", ""), 2), "JAX_PLATFORMS": "cpu"}
     command = [sys.executable, "-m", "levanter_mars.main.train_lm", "--config_path", str(run.config), *DCN_REPLICAS,
-               *PINNED, *_run_overrides(workdir, run.run_id, run.steps)]  # fmt: skip
+               *_pinned(run.config), *_run_overrides(workdir, run.run_id, run.steps)]  # fmt: skip
     log_path = workdir / "reference.log"
     reference = LimpedRun(workdir, run.run_id, run.config, -1, "", 0.0, run.repo, run.steps)
     with open(log_path, "w") as log:

@@ -78,5 +78,5 @@ def run_on_slices(remote_fn, tpu_type: str, slices: int) -> list:
         return run_on_pod(remote_fn, tpu_type, num_slices=slices, max_retries_preemption=0, max_retries_failure=0)
     except Exception as e:  # a RayTaskError that is also its cause's class
         if isinstance(e, OwnerDiedError) or PREEMPTED_MESSAGE in str(e):
-            raise SlicesPreempted(str(e).strip().splitlines()[-1]) from e
+            raise SlicesPreempted((str(e).strip().splitlines() or [type(e).__name__])[-1]) from e
         raise

@@ -32,7 +32,9 @@ def plan_meshes(trainer, devices_per_slice: int, counts: Sequence[int]) -> dict[
     """The mesh of each allowed count, largest first. Raises LaunchError naming ``--num_slices`` for a count whose
     devices cannot cut the global batch into whole microbatches."""
     meshes = {count: plan_mesh(trainer, devices_per_slice, count) for count in counts}
-    for count, mesh in meshes.items() if len(counts) > 1 else ():
+    if len(counts) == 1:
+        return meshes  # the one count's batch is checked where any run's is (training/validation.py)
+    for count, mesh in meshes.items():
         if mesh.batch_size is not None and mesh.examples_per_device_step and mesh.microbatches is None:
             batch_devices = mesh.axes["replica"] * mesh.axes["data"]
             raise LaunchError(

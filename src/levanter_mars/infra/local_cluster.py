@@ -99,7 +99,7 @@ def ray_start_hint(num_hosts: int = 1, num_slices: int = 1) -> str:
 
 
 # `ray start` flags of the listeners a second cluster on the machine would otherwise collide on.
-_PORT_FLAGS = ("ray-client-server-port", "node-manager-port", "object-manager-port", "metrics-export-port",
+PORT_FLAGS = ("ray-client-server-port", "node-manager-port", "object-manager-port", "metrics-export-port",
                "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port")  # fmt: skip
 
 
@@ -151,7 +151,7 @@ class LocalRayCluster:
         temp_dir = temp_dir or new_temp_dir()
         os.makedirs(temp_dir, exist_ok=True)
         nodes = num_hosts * num_slices
-        lease = reserve_ports(2 + nodes * len(_PORT_FLAGS))
+        lease = reserve_ports(2 + nodes * len(PORT_FLAGS))
         ports = iter(lease.ports)
         cluster = cls(os.path.realpath(temp_dir), next(ports), next(ports), num_hosts, num_slices, ports=lease)
         with open(os.open(cluster.token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
@@ -165,13 +165,13 @@ class LocalRayCluster:
             cluster.stop()
             raise
         cluster.pids = cluster._find_pids()
-        cluster._save()
+        cluster.save()
         return cluster
 
     def start_node(self, node: int, ports: Iterator[int], environ: Mapping[str, str], timeout: float = 120) -> None:
         """``ray start`` of the ``node``-th node (node 0: the head; the others join its GCS) on ``ports``."""
         slice_id, worker_id = node_position(node, self.num_hosts)
-        extra_ports = {flag: next(ports) for flag in _PORT_FLAGS}
+        extra_ports = {flag: next(ports) for flag in PORT_FLAGS}
         head = self.gcs_address if node else None
         args = ray_start_args(gcs_port=self.gcs_port, dashboard_port=self.dashboard_port, temp_dir=self.temp_dir,
                               extra_ports=extra_ports, worker_id=worker_id, head_address=head)  # fmt: skip
@@ -210,7 +210,7 @@ class LocalRayCluster:
                 continue
         return sorted(found)
 
-    def _save(self) -> None:
+    def save(self) -> None:
         state = {
             "temp_dir": self.temp_dir,
             "gcs_port": self.gcs_port,
@@ -266,9 +266,8 @@ def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m levanter_mars.infra.local_cluster", description=__doc__.split("\n\n")[0]
     )
-    if argv[:1] in (["preempt"], ["restore"]):  # local_preemption.py, run as a client of the cluster
-        from levanter_mars.infra.local_preemption import run_as_client
-        return run_as_client(argv)
+    if argv[:1] in (["preempt"], ["restore"]):  # local_preemption.py, which imports this module: no circle
+        os.execv(sys.executable, [sys.executable, "-m", "levanter_mars.infra.local_preemption", *argv])
     parser.add_argument("command", choices=["start", "stop", "env", "preempt", "restore"])
     parser.add_argument("--temp_dir", default=None, help="the cluster's directory (start: default a new one in /tmp)")
     parser.add_argument("--num_hosts", type=int, default=1, help="start: hosts per slice (1, 2, 4, 8)")

@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Sequence
 
-from levanter_mars.infra.local_cluster import _PORT_FLAGS, LocalRayCluster, end_processes
+from levanter_mars.infra.local_cluster import PORT_FLAGS, LocalRayCluster, end_processes
 from levanter_mars.infra.local_node import slice_name
 from levanter_mars.infra.ports import reserve_ports
 
@@ -34,6 +34,8 @@ GCS_TIMEOUT_S = 120.0
 """How long the GCS may take to report a slice's nodes dead (its health checks) or alive again."""
 POLL_S = 0.5
 COMMAND = "python -m levanter_mars.infra.local_cluster"
+#: Set in the process :func:`run_as_client` starts, a client of the cluster.
+AS_CLIENT = "LEVANTER_MARS_PREEMPTION_AS_CLIENT"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,7 +58,8 @@ def run_as_client(argv: Sequence[str]) -> int:
     if why := refusal(args, cluster):  # refused here, before a second import of Ray and the rest
         return _refuse(args, why)
     sys.stdout.flush()
-    os.execve(sys.executable, [sys.executable, "-m", __name__, *argv], {**os.environ, **cluster.client_env()})
+    env = {**os.environ, **cluster.client_env(), AS_CLIENT: "1"}
+    os.execve(sys.executable, [sys.executable, "-m", "levanter_mars.infra.local_preemption", *argv], env)
 
 
 def slice_nodes(cluster: LocalRayCluster, slice_id: int) -> range:
@@ -115,11 +118,11 @@ def preempt(cluster: LocalRayCluster, slice_id: int) -> None:
 
 def restore(cluster: LocalRayCluster, slice_id: int) -> None:
     """The slice's nodes started again (fresh ports, reserved until each ``ray start`` has returned)."""
-    with reserve_ports(cluster.num_hosts * len(_PORT_FLAGS)) as lease:
+    with reserve_ports(cluster.num_hosts * len(PORT_FLAGS)) as lease:
         ports = iter(lease.ports)
         for node in slice_nodes(cluster, slice_id):
             cluster.start_node(node, ports, os.environ)
-            cluster._save()  # each node as it starts: `stop` finds them by temp dir anyway
+            cluster.save()  # each node as it starts: `stop` finds them by temp dir anyway
     alive_after = wait_for_gcs(cluster, slice_id, alive=cluster.num_hosts)
     print(f"slice {slice_id} ({slice_name(slice_id)}) is back: {cluster.num_hosts} node(s) alive in the cluster's "
           f"GCS {alive_after:.1f} s after their `ray start` returned", flush=True)  # fmt: skip
@@ -178,4 +181,4 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]) if os.environ.get(AS_CLIENT) else run_as_client(sys.argv[1:]))

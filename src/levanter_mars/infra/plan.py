@@ -155,11 +155,11 @@ def prepare(
         else os.path.join(working_dir, job.train_config)
     )
     config = parse_train_config(["--config_path", config_path, *overrides])
+    run_id = job.run_id or stable_run_id(config)  # before the pin: allowing fewer slices keeps the run's id
     pinned = limping.pinned_microbatch(config.trainer, kind.devices, job.slice_counts)
     if pinned:  # every count cuts the batch into the largest count's microbatches
         overrides = (*overrides, *pinned)
         config = parse_train_config(["--config_path", config_path, *overrides])
-    run_id = job.run_id or stable_run_id(config)
     config.trainer.id = run_id
 
     # The training program's own validation (training/validation.py), for the slice's devices, where the hosts will

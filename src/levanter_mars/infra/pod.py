@@ -47,9 +47,9 @@ from levanter_mars.infra.slices import (
     head_resource,
     launch_slice,
 )
-from levanter_mars.infra.slice_choice import ScaleUpWatch, change_note, settle_after_preemption, wait_for_slices
+from levanter_mars.infra.slice_choice import ScaleUpWatch, change_note, first_count, next_count
 from levanter_mars.training.errors import ExitCode
-from levanter_mars.training.outcome import LOST, PREEMPTION, RESIZE, RetryBudget, Verdict, judge
+from levanter_mars.training.outcome import LOST, RESIZE, RetryBudget, Verdict, judge
 from levanter_mars.training.run import resize
 from levanter_mars.training.run.launch_id import new_launch_id
 
@@ -163,8 +163,26 @@ def main(argv: Sequence[str]) -> int:
     if note := one_shot_actions_note(pod, launch_id):
         logger.info(note)
     attempt = SliceAttempts(pod, kind, counts, train_argv, local, secrets, launch_id)
-    return run_attempts(attempt, RetryBudget(failure=pod.retries, preemption=pod.preemption_retries,
-                                             storage=pod.storage_retries, resize=pod.preemption_retries))  # fmt: skip
+    # A resize follows a shrink, which follows a preemption: the preemption budget bounds both.
+    budget = RetryBudget(failure=pod.retries, preemption=pod.preemption_retries, storage=pod.storage_retries,
+                         resize=pod.preemption_retries)  # fmt: skip
+    demand_slices(kind, counts[0])
+    try:
+        return run_attempts(attempt, budget)
+    finally:
+        demand_slices(kind, 0)
+        if pod.resize_request:
+            resize.clear(pod.resize_request)
+
+
+def demand_slices(kind: SliceType, count: int) -> None:
+    """Asks the cluster's autoscaler to keep ``count`` slices of ``kind`` up for the launch's life (0: done), so that a
+    preempted slice is replaced while the run limps or waits: no task of a run on fewer slices asks for it."""
+    if kind.is_local:
+        return
+    from ray.autoscaler.sdk import request_resources
+
+    request_resources(bundles=[{head_resource(kind.name): 1}] * count)
 
 
 def slices_up(kind: SliceType) -> int:
@@ -189,11 +207,11 @@ class SliceAttempts:
 
     def __call__(self, previous: Optional[Verdict]) -> list[dict]:
         present = lambda: slices_up(self.kind)  # noqa: E731
-        if previous is not None and previous.retry_kind == PREEMPTION and self.slices is not None:
-            settle_after_preemption(self.slices, present)
-        slices = self.counts[0] if previous is None else wait_for_slices(self.counts, present)
-        why = self.asked if previous is not None and previous.retry_kind == RESIZE else (
-            previous.reason if previous is not None else "")  # fmt: skip
+        if previous is None:
+            slices = first_count(self.counts, present, self.pod.scale_up_wait_s)
+        else:
+            slices = next_count(self.counts, self.slices, previous.exits, present)
+        why = (self.asked if previous.retry_kind == RESIZE else previous.reason) if previous is not None else ""
         change, self.slices, self.asked = change_note(self.slices, slices, why), slices, None
         logger.info("attempt on %d x %s%s", slices, self.kind.name, f" ({change})" if change else "")
         if self.pod.resize_request:
@@ -203,13 +221,14 @@ class SliceAttempts:
         # max_calls=1: a fresh worker (and TPU runtime) per attempt, as run_on_pod requires.
         task = host_task(self.train_argv, self.pod.workdir, host, self.secrets, self.launch_id, slice_change=change)
         remote = ray.remote(max_calls=1, max_retries=0)(task)
-        watch = ScaleUpWatch(self.counts, slices, present, self.pod.scale_up_wait_s, self.pod.resize_request or "")
-        with watch if self.pod.resize_request else contextlib.nullcontext():
-            try:
+        watch = ScaleUpWatch(self.counts, slices, present, self.pod.scale_up_wait_s, self.pod.resize_request or "",
+                             self.launch_id)  # fmt: skip
+        try:
+            with watch if self.pod.resize_request else contextlib.nullcontext():
                 return run_on_slices(remote, self.pod.tpu_type, slices)
-            finally:
-                self.asked = watch.asked.reason if watch.asked is not None else None
-                del rendezvous_actor
+        finally:  # the watch has ended: what it asked, if anything, is final
+            self.asked = watch.asked.reason if watch.asked is not None else None
+            del rendezvous_actor
 
     def _local_hosts(self, slices: int) -> tuple[Optional[LocalHost], object]:
         if self.local is None:

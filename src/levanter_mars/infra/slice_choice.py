@@ -1,8 +1,9 @@
 """Which slice count each attempt of a run runs on, and when a run that limps grows back (``--num_slices 2,1``).
 
-The first attempt asks for the largest count (on a TPU cluster the autoscaler starts slices on demand). A retry runs
-on the largest allowed count whose slices are up now, waiting for the smallest if none is, so a preempted slice
-costs one restart, not a wait for its return. While an attempt runs on fewer slices than the largest count, a
+The first attempt waits for the largest count's slices (on a TPU cluster the autoscaler starts them: the driver keeps
+a demand for them), with several allowed counts no longer than ``scale_up_wait_s``. A retry runs on the largest
+allowed count whose slices are up now, waiting for the smallest if none is, so a preempted slice costs one restart,
+not a wait for its return. While an attempt runs on fewer slices than the largest count, a
 :class:`ScaleUpWatch` waits ``scale_up_wait_s``; once more slices are up, it asks the run to stop at its next
 checkpoint (``training/run/resize.py``), and the next attempt takes them. Each attempt's change of count, and why,
 reaches the run's goodput record (``SLICE_CHANGE_ENV``).
@@ -26,6 +27,8 @@ PresentSlices = Callable[[], int]
 #: shuts down (a preempted VM, `local_cluster preempt`) is gone at once; one that vanishes silently is counted until
 #: Ray's health checks give up on it (its defaults: about 30 s). Counting it would ask for a slice that is not there.
 PREEMPTION_SETTLE_S = 30.0
+#: The same after hosts ended by a signal (a preemption's SIGTERM reaches the training process first).
+SIGNAL_SETTLE_S = 5.0
 
 
 def largest_up(counts: Sequence[int], present: int) -> Optional[int]:
@@ -42,6 +45,25 @@ def wait_for_slices(counts: Sequence[int], present: PresentSlices, poll_s: float
             said = time.monotonic()
         time.sleep(poll_s)
     return count
+
+
+def first_count(counts: Sequence[int], present: PresentSlices, wait_s: float, poll_s: float = 5.0) -> int:
+    """The first attempt's count: the largest once its slices are up; with several allowed, after ``wait_s``
+    whatever is up (the largest allowed count of it)."""
+    deadline = time.monotonic() + wait_s
+    while len(counts) > 1 and present() < counts[0] and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    return wait_for_slices(counts if len(counts) > 1 else counts[:1], present, poll_s)
+
+
+def next_count(counts: Sequence[int], previous: Optional[int], exits: Sequence[Optional[int]],
+               present: PresentSlices) -> int:  # fmt: skip
+    """The count of a retry after an attempt on ``previous`` slices whose hosts ended with ``exits`` (None: lost)."""
+    if previous is not None and any(code is None for code in exits):
+        settle_after_preemption(previous, present)
+    elif previous is not None and any(code < 0 or code >= 128 for code in exits):
+        settle_after_preemption(previous, present, settle_s=SIGNAL_SETTLE_S)
+    return wait_for_slices(counts, present)
 
 
 def settle_after_preemption(was: int, present: PresentSlices, settle_s: float = PREEMPTION_SETTLE_S,
@@ -67,10 +89,11 @@ class ScaleUpWatch:
     manager: the watch ends with the attempt."""
 
     def __init__(self, counts: Sequence[int], current: int, present: PresentSlices, wait_s: float,
-                 request_path: str, poll_s: float = 5.0, clock: Callable[[], float] = time.monotonic):  # fmt: skip
+                 request_path: str, launch_id: str, poll_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic):  # fmt: skip
         self.larger = sorted(c for c in counts if c > current)
         self.current, self.present, self.wait_s = current, present, wait_s
-        self.request_path, self.poll_s, self.clock = request_path, poll_s, clock
+        self.request_path, self.launch_id, self.poll_s, self.clock = request_path, launch_id, poll_s, clock
         self.asked: Optional[resize.ResizeRequest] = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="scale-up-watch", daemon=True)
@@ -85,7 +108,7 @@ class ScaleUpWatch:
             return None
         why = (f"{up} slice(s) up again after {self.clock() - since:.0f} s on {self.current} "
                f"(scale_up_wait_s {self.wait_s:g}); stopped at its next checkpoint to grow")  # fmt: skip
-        self.asked = resize.request(self.request_path, self.current, target, why)
+        self.asked = resize.request(self.request_path, self.current, target, why, self.launch_id)
         logger.info("asked the run to stop at its next checkpoint and grow: %s", self.asked.describe())
         return self.asked
 

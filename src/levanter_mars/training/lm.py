@@ -33,7 +33,7 @@ from levanter_mars.training.checkpointing.resume import ResumePlan
 from levanter_mars.training.run.goodput import clock as goodput_clock
 from levanter_mars.training.run.goodput import GoodputRecord
 from levanter_mars.training.run.lease import RunLease
-from levanter_mars.training.run.resize import resize_request_path
+from levanter_mars.training.run import resize
 from levanter_mars.training.trainer import MarsTrainer
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def build_trainer(config: TrainLmConfig, *, run_info: dict, resume: Optional[Res
         functools.partial(compute_next_token_loss, logsumexp_weight=config.z_loss_weight)
     )
     return MarsTrainer(config.trainer, optimizer, loss_function, run_info=run_info, resume=resume, goodput=goodput,
-                       lease=lease, resize_request=resize_request_path(config))
+                       lease=lease, resize_request=resize.for_this_launch(config))
 
 
 def vocab_axis(vocab_size: int, trainer: MarsTrainer) -> Axis:

@@ -40,8 +40,8 @@ from levanter_mars.training import distributed
 from levanter_mars.training.checkpointing.writer import VerifiedCheckpointer, VerifiedCheckpointerConfig
 from levanter_mars.training.checkpointing.storage import check_writable
 from levanter_mars.training.run.lease import RunLease
-from levanter_mars.training.errors import CheckpointError, DataExhaustedError, ResizeRequested
-from levanter_mars.training.run import resize
+from levanter_mars.training.errors import CheckpointError, DataExhaustedError
+from levanter_mars.training.resize_stop import ResizeAtCheckpoint
 from levanter_mars.training.run.goodput import clock as goodput_clock
 from levanter_mars.training.run.goodput import GoodputRecord
 from levanter_mars.training.run.metrics import METRICS_FILENAME, JsonlMetricsTracker
@@ -128,14 +128,13 @@ class MarsTrainer(FixedTrainer):
     """See the module docstring. ``run_info`` (optimizer and model description) is stored in every checkpoint
     manifest and checked on resume; ``resume`` is process 0's decision of what to resume from; ``goodput`` is the
     run's goodput record and ``lease`` the run's lease (process 0): checked every step, verified before each
-    checkpoint. ``resize_request`` is where the launcher asks the run to stop at its next checkpoint
-    (``training/run/resize.py``)."""
+    checkpoint; ``resize_request``: the launch's, if it may ask the run to stop at a checkpoint (``run/resize.py``)."""
 
     config: MarsTrainerConfig
 
     def __init__(self, config, optimizer, loss_fn, *, run_info: dict, resume: Optional[ResumePlan],
                  goodput: Optional[GoodputRecord] = None, lease: Optional[RunLease] = None,
-                 resize_request: Optional[str] = None):  # fmt: skip
+                 resize_request: Optional[tuple[str, str]] = None):  # fmt: skip
         if not isinstance(config, MarsTrainerConfig):
             raise TypeError("MarsTrainer needs a MarsTrainerConfig (use levanter_mars' TrainLmConfig)")
         if config.nonfinite not in NONFINITE_POLICIES:
@@ -144,8 +143,7 @@ class MarsTrainer(FixedTrainer):
         self.resume_plan = resume
         self.goodput = goodput
         self.lease = lease
-        self.resize_request = resize_request
-        self._resize_asked: Optional[str] = None
+        self.resize = ResizeAtCheckpoint(resize_request)
         self._resume_from: Optional[str] = None
         super().__init__(config, skip_nonfinite_updates(optimizer), loss_fn)
         # One writer: on a pod only process 0 keeps metrics.jsonl (hosts may share the log directory).
@@ -160,22 +158,10 @@ class MarsTrainer(FixedTrainer):
     def before_checkpoint(self, step: int) -> None:
         # Every host saves: all stop together if another launch took the run over.
         distributed.leader_decides(lambda: self.lease.verify() if self.lease is not None else None)
-        if self.resize_request is not None and self._resize_asked is None:
-            self._resize_asked = distributed.leader_decides(self._pending_resize)
+        self.resize.look(self.config.num_slices)
         self.flush_metrics()
         if self.goodput is not None:
             self.goodput.checkpoint_saving(step)
-
-    def _pending_resize(self) -> Optional[str]:
-        asked = resize.pending_for(self.resize_request, self.config.num_slices)
-        return asked.describe() if asked is not None else None
-
-    def _stop_for_resize(self, step: int) -> None:
-        """The checkpoint the launcher waited for is written (the step's own): stop, so it can resize the run."""
-        self.checkpointer.wait_until_finished()
-        self.checkpointer.raise_if_failed()
-        raise ResizeRequested(f"stopped after the checkpoint of step {step}, as the launcher asked "
-                              f"({self._resize_asked})")
 
     # ----------------------------------------------------------------------------------------------- hooks
     def before_default_hooks(self) -> None:
@@ -281,8 +267,7 @@ class MarsTrainer(FixedTrainer):
         # A step's checkpoint is written at the start of the next step, once all of its metrics are logged
         # (see VerifiedCheckpointer.deferring); the last step's, by the final forced hooks or at the end of train.
         self.checkpointer.save_deferred()
-        if self._resize_asked is not None:
-            self._stop_for_resize(int(state.step) - 1)  # the step Levanter names the checkpoint by (its last)
+        self.resize.stop_if_asked(self.checkpointer, int(state.step) - 1)  # Levanter names it by its last step
         with self.checkpointer.deferring():
             return super().train_step(state, *batch, **batch_kwargs)
 

@@ -5,8 +5,9 @@ return, without losing the steps since its last checkpoint. The launcher's drive
 the run's checkpoints (where every host of a pod, local or gs://, can read it); the run's process 0 reads it before
 each checkpoint (every host follows its decision) and, if the request is for the slice count it runs on, writes that
 checkpoint and stops with exit 7 (:class:`~levanter_mars.training.errors.ResizeRequested`). The launcher then starts
-the next attempt on the new count, from that checkpoint. A request for another count (left from an earlier attempt)
-is ignored; the driver removes it before every attempt.
+the next attempt on the new count, from that checkpoint. A request is for one launch and one slice count: one left
+behind by another launch, or for another count, is ignored (the driver also removes it before every attempt and when
+it ends), and a run started by no launcher never looks.
 
 Light on purpose: the Ray job's driver imports it without JAX.
 """
@@ -14,6 +15,8 @@ Light on purpose: the Ray job's driver imports it without JAX.
 from __future__ import annotations
 
 import json
+import os
+import logging
 import time
 from dataclasses import asdict, dataclass
 from typing import Optional
@@ -21,6 +24,7 @@ from typing import Optional
 from levanter_mars.training.whole_files import write_whole
 
 RESIZE_SUFFIX = ".resize.json"
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,8 @@ class ResizeRequest:
     to_slices: int
     reason: str
     requested_at: float
+    launch_id: str
+    """The launch whose attempt is asked (``LAUNCH_ID_ENV``)."""
 
     def describe(self) -> str:
         return f"{self.from_slices} -> {self.to_slices} slice(s): {self.reason}"
@@ -42,8 +48,16 @@ def resize_request_path(config) -> str:
     return lease_path(config)[: -len(LEASE_SUFFIX)] + RESIZE_SUFFIX
 
 
-def request(path: str, from_slices: int, to_slices: int, reason: str) -> ResizeRequest:
-    asked = ResizeRequest(int(from_slices), int(to_slices), reason, time.time())
+def for_this_launch(config) -> Optional[tuple[str, str]]:
+    """(where requests to this run go, this launch's id) for a run a launcher started; None for a plain command."""
+    from levanter_mars.training.run.launch_id import LAUNCH_ID_ENV
+
+    launch_id = os.environ.get(LAUNCH_ID_ENV)
+    return (resize_request_path(config), launch_id) if launch_id else None
+
+
+def request(path: str, from_slices: int, to_slices: int, reason: str, launch_id: str) -> ResizeRequest:
+    asked = ResizeRequest(int(from_slices), int(to_slices), reason, time.time(), launch_id)
     write_whole(path, json.dumps(asdict(asked), indent=1))
     return asked
 
@@ -57,12 +71,17 @@ def read(path: str) -> Optional[ResizeRequest]:
             return ResizeRequest(**json.load(f))
     except (FileNotFoundError, ValueError, TypeError):
         return None
+    except Exception as e:  # noqa: BLE001 - a storage hiccup must not stop the run: it grows at a later checkpoint
+        logger.warning("could not read the resize request %s: %s: %s", path, type(e).__name__, e)
+        return None
 
 
-def pending_for(path: str, slices: int) -> Optional[ResizeRequest]:
-    """The request to an attempt on ``slices`` slices, if one is pending."""
+def pending_for(path: str, slices: int, launch_id: str) -> Optional[ResizeRequest]:
+    """The request to this launch's attempt on ``slices`` slices, if one is pending."""
     asked = read(path)
-    return asked if asked is not None and asked.from_slices == slices else None
+    if asked is None or asked.from_slices != slices or asked.launch_id != launch_id:
+        return None
+    return asked
 
 
 def clear(path: str) -> None:

@@ -38,6 +38,7 @@ from levanter_mars.infra.local_node import (
     node_position,
 )
 from levanter_mars.infra.ports import PortLease, reserve_ports
+from levanter_mars.infra.ray_processes import end_ray_processes
 
 # slices.py (it imports Levanter and Ray: seconds) is imported where used: `stop`, `env`, `preempt` do without it.
 
@@ -232,32 +233,15 @@ class LocalRayCluster:
 
         procs = []
         for pid in set(self.pids) | set(self._find_pids()):
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 procs.append(psutil.Process(pid))
-            except psutil.NoSuchProcess:
-                continue
-        end_processes(procs, grace)
+        end_ray_processes(procs, grace)
         if self.ports is not None:
             self.ports.release()
         return sorted(p.pid for p in procs)
 
     def is_running(self) -> bool:
         return bool(self._find_pids())
-
-
-def end_processes(procs: Sequence, grace: float) -> int:
-    """SIGTERM to ``procs`` (psutil processes), SIGKILL to those alive ``grace`` s later; how many needed it."""
-    import psutil
-
-    for proc in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.terminate()
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for proc in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
-    psutil.wait_procs(alive, timeout=grace)
-    return len(alive)
 
 
 def main(argv: Sequence[str]) -> int:

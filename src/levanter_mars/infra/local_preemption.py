@@ -24,7 +24,8 @@ import sys
 import time
 from typing import Sequence
 
-from levanter_mars.infra.local_cluster import PORT_FLAGS, LocalRayCluster, end_processes
+from levanter_mars.infra.local_cluster import PORT_FLAGS, LocalRayCluster
+from levanter_mars.infra.ray_processes import end_processes
 from levanter_mars.infra.local_node import slice_name
 from levanter_mars.infra.ports import reserve_ports
 

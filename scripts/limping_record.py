@@ -10,7 +10,6 @@ against the reference (about 5 minutes on 2 cores). tests/test_infra_local_limpi
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -27,13 +26,10 @@ def _attempt(entry: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output", default=str(REPO / "docs" / "benchmarks" / "limping_tiny.json"))
-    parser.add_argument("--workdir", default=None, help="where the run goes (default: a temporary directory)")
-    args = parser.parse_args(argv)
-    from levanter_mars import versions
     from levanter_mars.bench.limping import limp, one_slice_reference
-    from levanter_mars.bench.report import host_description
+    from levanter_mars.bench.report import record_arguments, record_header
+
+    args = record_arguments(__doc__, str(REPO / "docs" / "benchmarks" / "limping_tiny.json"), argv)
 
     with tempfile.TemporaryDirectory(prefix="limping-") as scratch:
         workdir = Path(args.workdir or scratch)
@@ -48,12 +44,9 @@ def main(argv=None) -> int:
         limped = {step: loss for step, loss in run.losses() if resumed_from < step <= last}
         worst = max(abs(limped[s] - reference[s]) for s in reference)
         record = {
-            "what": "the tiny config on 2 slices x 1 host x 2 devices (--num_slices 2,1): slice 1 preempted after "
-                    "step 12, restored after 5 steps on one slice",
-            "command": versions.command_line(),
-            "versions": {p: versions.installed(p) for p in ("jax", "jaxlib", "libtpu", "levanter", "haliax", "ray")},
-            "levanter_mars": versions.source_commit(),
-            "machine": host_description(),
+            **record_header("the tiny config on 2 slices x 1 host x 2 devices (--num_slices 2,1): slice 1 preempted "
+                            "after step 12, restored after 5 steps on one slice",
+                            ("jax", "jaxlib", "libtpu", "levanter", "haliax", "ray")),
             "steps": STEPS,
             "every_step_once": [s for s, _ in run.losses()] == list(range(STEPS)),
             "attempts": [_attempt(a) for a in attempts],

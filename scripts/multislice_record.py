@@ -11,7 +11,6 @@ properties in CI; this script only records the figures (about 5 minutes on 2 cor
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -107,24 +106,19 @@ def _tpu_figures(workdir: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output", default=str(REPO / "docs" / "benchmarks" / "multislice_tiny.json"))
-    parser.add_argument("--workdir", default=None, help="where the runs go (default: a temporary directory)")
-    args = parser.parse_args(argv)
     from levanter_mars import versions
-    from levanter_mars.bench.report import host_description
+    from levanter_mars.bench.report import record_arguments, record_header
+
+    args = record_arguments(__doc__, str(REPO / "docs" / "benchmarks" / "multislice_tiny.json"), argv)
 
     with tempfile.TemporaryDirectory(prefix="multislice-") as scratch:
         workdir = Path(args.workdir or scratch)
         workdir.mkdir(parents=True, exist_ok=True)
         record = {
-            "what": "multi-slice training of the tiny config: 2 slices against 1 on XLA:CPU, and the step for "
-                    f"{TPU_SLICES} x {TPU_TYPE} on the TPU compiler",
-            "command": versions.command_line(),
-            "versions": {p: versions.installed(p) for p in ("jax", "jaxlib", "libtpu", "levanter", "haliax")},
+            **record_header("multi-slice training of the tiny config: 2 slices against 1 on XLA:CPU, and the step "
+                            f"for {TPU_SLICES} x {TPU_TYPE} on the TPU compiler",
+                            ("jax", "jaxlib", "libtpu", "levanter", "haliax")),
             "compiler": {"jax": versions.installed("jax"), "libtpu": versions.installed("libtpu")},
-            "levanter_mars": versions.source_commit(),
-            "machine": host_description(),
             "tpu_targets": [TPU_TYPE],
             "cpu": _cpu_figures(workdir),
             "tpu": _tpu_figures(workdir),

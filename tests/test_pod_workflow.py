@@ -21,7 +21,7 @@ from levanter_mars.training.run.launch_id import ATTEMPT_STARTED_ENV, LAUNCH_ID_
 from tests.helpers.training import tiny_config
 
 #: The launch options run_on_private_cluster reads: one slice.
-ONE_SLICE = types.SimpleNamespace(num_slices=1)
+ONE_SLICE = types.SimpleNamespace(num_slices="1", max_slices=1)
 
 
 def _config(tmp_path: Path, run_id: str = "once", base_path: str | None = None):

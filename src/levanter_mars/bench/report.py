@@ -44,6 +44,24 @@ def host_description() -> dict[str, Any]:
     return info
 
 
+def record_arguments(doc: str, default_output: str, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """A record script's command line: ``--output`` (its JSON) and ``--workdir`` (where its runs go; default: a
+    temporary directory)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--output", default=default_output)
+    parser.add_argument("--workdir", default=None, help="where the runs go (default: a temporary directory)")
+    return parser.parse_args(argv)
+
+
+def record_header(what: str, packages: Sequence[str]) -> dict[str, Any]:
+    """What every record starts with: what it measured, the command that made it, the versions, the machine."""
+    from levanter_mars import versions
+
+    return {"what": what, "command": versions.command_line(),
+            "versions": {p: versions.installed(p) for p in packages},
+            "levanter_mars": versions.source_commit(), "machine": host_description()}  # fmt: skip
+
+
 def machine_description() -> dict[str, Any]:
     """Where the numbers were measured: the device JAX used and the host."""
     import jax

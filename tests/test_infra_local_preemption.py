@@ -17,7 +17,8 @@ from levanter_mars.infra.local_preemption import node_processes
 from tests.helpers.ray_launch import launcher_env
 from tests.helpers.training import REPO
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+# A 2-slice cluster each (about 50 s): ``extended`` (make test-all), with the launcher's limping run that preempts and
+# restores a slice (tests/test_infra_local_limping.py). In CI: the refusals, from a cluster's state file alone.
 
 # A Ray client of the cluster: its resources, and with "host" a host task on slice 1 (a detached actor) that
 # started a process of its own, as a host task starts its training process.
@@ -70,6 +71,9 @@ def local_cluster(cluster, *args) -> subprocess.CompletedProcess:
     return subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.extended
 def test_a_preempted_slice_leaves_the_cluster_and_comes_back(cluster):
     up = client(cluster, "host")
     assert up["slices"] == BOTH_UP
@@ -99,6 +103,9 @@ def test_a_preempted_slice_leaves_the_cluster_and_comes_back(cluster):
     assert client(cluster)["slices"] == BOTH_UP
 
 
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.extended
 def test_preempting_the_head_slice_or_an_unknown_one_or_restoring_an_up_one_is_refused_and_touches_nothing(cluster):
     raylets = [node_processes(LocalRayCluster.load(cluster.temp_dir), node)[0] for node in (0, 1)]
     head = local_cluster(cluster, "preempt", "--slice", "0")
@@ -108,3 +115,17 @@ def test_preempting_the_head_slice_or_an_unknown_one_or_restoring_an_up_one_is_r
     up = local_cluster(cluster, "restore", "--slice", "1")
     assert up.returncode == 2 and "--slice 1: slice 1 is up (1 of 1 node(s) alive)" in up.stderr, up.stderr
     assert all(raylet.is_running() for raylet in raylets)
+
+
+def test_the_head_slice_an_unknown_slice_and_a_cluster_without_node_ports_are_refused_before_any_ray(tmp_path):
+    """From the state file alone, before Ray is imported (nothing listens here: a refusal must not need a cluster)."""
+    state = LocalRayCluster(str(tmp_path), gcs_port=1, dashboard_port=2, num_hosts=1, num_slices=2,
+                            node_manager_ports=[3, 4])  # fmt: skip
+    state.save()
+    head = local_cluster(state, "preempt", "--slice", "0")
+    assert head.returncode == 2 and "--slice 0: slice 0's host 0 is the cluster's head" in head.stderr, head.stderr
+    unknown = local_cluster(state, "restore", "--slice", "2")
+    assert unknown.returncode == 2 and "--slice 2: no such slice" in unknown.stderr, unknown.stderr
+    LocalRayCluster(str(tmp_path), num_hosts=1, num_slices=2).save()  # an older version's: no node ports
+    older = local_cluster(state, "preempt", "--slice", "1")
+    assert older.returncode == 2 and "names no node's ports" in older.stderr, older.stderr

@@ -3,7 +3,7 @@ slices by the launcher's ``MEGASCALE_*`` environment, the mesh's DCN axes across
 
 The proof is against the session's one-slice pod (``pod_reference``: 2 processes x 2 devices, one slice): the same
 tiny run as 2 slices x 1 host x 2 devices, data parallel over DCN (``replica_dcn_axis_size: -1``), trains the same
-losses, resumes from a checkpoint bitwise, and its compiled training step crosses slices only in collectives over the
+losses, resumes from a checkpoint bitwise (``extended``), and its compiled training step crosses slices only in collectives over the
 DCN axis alone, read from the step's HLO (tests of the reader: tests/test_collectives.py). The slices' layout and the
 defect itself: tests/compat/test_levanter_slices.py."""
 
@@ -53,10 +53,20 @@ def test_two_slices_train_like_one_and_cross_slices_only_over_the_dcn_axis(tmp_p
     assert max(c.bytes for c in dcn if c.op == "all-reduce") == 2 * 4096 * 16 * 4, dcn
     print(f"collectives crossing slices: {[(c.op, c.groups, c.bytes) for c in across]} of {len(found)}")
 
-    # Killed right after its step-20 checkpoint (a copy of what it left) and resumed on 2 slices: bitwise the same.
+
+@pytest.mark.slow
+@pytest.mark.extended  # two 2-slice pods; in CI: test_limping.py resumes a run bitwise, the test above trains 2 slices
+def test_a_two_slice_run_resumes_bitwise_on_two_slices(tmp_path, pydocs_corpus):
+    """Killed right after its step-20 checkpoint (a copy of what it left) and resumed on 2 slices: bitwise the same as
+    the uninterrupted 2-slice run."""
+    run_id = "slices-resume"
+    config = tiny_config(tmp_path, pydocs_corpus, run_id, {"trainer": {"replica_dcn_axis_size": -1}})
+    slices = lambda i: {"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": str(i)}  # noqa: E731
+    pod = run_pod(config, log_dir=tmp_path / "logs", name=run_id, process_env=slices)
+    assert [p.returncode for p in pod.procs] == [0, 0], pod.describe()
+    got = losses(run_paths(tmp_path, run_id)["metrics"])
     copy, resumed = copy_of_run(config, run_paths(tmp_path, run_id), tmp_path / "resumed", up_to_step=20)
-    rerun = run_pod(copy, log_dir=tmp_path / "logs", name=f"{run_id}-resumed",
-                    process_env=lambda i: {"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": str(i)})  # fmt: skip
+    rerun = run_pod(copy, log_dir=tmp_path / "logs", name=f"{run_id}-resumed", process_env=slices)
     assert [p.returncode for p in rerun.procs] == [0, 0], rerun.describe()
     assert "step-20" in rerun.output(0) and "Resuming from" in rerun.output(0), rerun.output(0)[-3000:]
     again = losses(resumed["metrics"])

@@ -13,7 +13,8 @@ def test_defect_46_a_peer_cannot_read_a_decision_once_process_0_has_stopped_and_
     (leader, _), (code, said) = run_helper_processes("tests.helpers.decide_then_exit", "levanter", num_processes=2,
                                                      devices=1, check=False)  # fmt: skip
     assert leader == 0
-    # The coordination service left with process 0: its peer dies instead of stopping with the decision.
-    assert code != 0 and "Socket closed" in said, (code, said[-3000:])
+    # The coordination service left with process 0: its peer dies (aborted by jax, or failing its read) instead of
+    # stopping with the decision (a clean exit 0 after printing it).
+    assert code != 0 and "coordination" in said.lower(), (code, said[-3000:])
     _, peer = run_helper_processes("tests.helpers.decide_then_exit", "leader_decides", num_processes=2, devices=1)
     assert peer == {"raised": "RunLeasedError"}  # it stops with process 0's own decision

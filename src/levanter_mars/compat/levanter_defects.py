@@ -283,25 +283,14 @@ DEFECTS: tuple[Defect, ...] = (
         COMPAT_TESTS + "test_levanter_logging_restores.py::"
         "test_defect_43_levanter_warns_of_every_none_leaf_it_restores",
     ),
-    Defect(
-        45,
-        LEVANTER,
-        "run_on_pod with a list of slice counts waits up to a week for the largest count before it limps on fewer, "
-        "scales back up no sooner than a fixed 12 hours and by killing the run between checkpoints, tells a "
-        "preemption past its budget from a failure only by its message, and counts a slice lost with its hosts as a "
-        "failure (the lost host actor owned its task's result: OwnerDiedError)",
-        "compat.levanter_infra.run_on_slices",
-        COMPAT_TESTS + "test_levanter_infra.py::"
-        "test_defect_45_run_on_pod_waits_a_week_for_missing_slices_and_scales_up_only_after_12_hours",
-    ),
-    Defect(
-        46,
-        LEVANTER,
-        "multihost_broadcast_sync returns on the source before the others have read the value: a process 0 that then "
-        "stops (a refused launch, a decided stop) takes the coordination service with it, and its peers crash "
-        "reading the decision (exit 1, a gRPC error) instead of stopping with it",
-        "training.distributed.exit_now",
-        COMPAT_TESTS + "test_levanter_distributed.py::"
-        "test_defect_46_a_peer_cannot_read_a_decision_once_process_0_has_stopped_and_the_workaround_waits",
-    ),
+    Defect(45, LEVANTER, "run_on_pod with a list of slice counts waits up to a week for the largest count, scales up "
+           "only after 12 h by killing the run between checkpoints, tells a preemption past its budget only by "
+           "message, and counts a slice lost with its hosts (OwnerDiedError) as a failure",
+           "compat.levanter_infra.run_on_slices",
+           COMPAT_TESTS + "test_levanter_infra.py::"
+           "test_defect_45_run_on_pod_waits_a_week_for_missing_slices_and_scales_up_only_after_12_hours"),
+    Defect(46, LEVANTER, "multihost_broadcast_sync returns on the source before its peers read the value: a process 0 "
+           "that then stops takes the coordination service with it, and its peers crash reading the decision",
+           "training.distributed.exit_now", COMPAT_TESTS + "test_levanter_distributed.py::"
+           "test_defect_46_a_peer_cannot_read_a_decision_once_process_0_has_stopped_and_the_workaround_waits"),
 )

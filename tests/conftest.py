@@ -237,3 +237,17 @@ def gcs():
 
     with gcs_emulator() as emulator:
         yield emulator
+
+
+@pytest.fixture
+def gs(gcs, monkeypatch):
+    """gcsfs in this process, on the emulator (anonymous, as the CLI subprocesses are)."""
+    import fsspec
+    import gcsfs
+
+    for name, value in gcs.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setitem(fsspec.config.conf, "gs", {"token": "anon"})
+    gcsfs.GCSFileSystem.clear_instance_cache()
+    yield fsspec.filesystem("gs")
+    gcsfs.GCSFileSystem.clear_instance_cache()

@@ -32,17 +32,6 @@ from tests.helpers.seeds import seeded_random
 from tests.helpers import training as cli
 
 
-@pytest.fixture
-def gs(gcs, monkeypatch):
-    """gcsfs in this process, on the emulator (anonymous, as the CLI subprocesses are)."""
-    for name, value in gcs.env.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setitem(fsspec.config.conf, "gs", {"token": "anon"})
-    gcsfs.GCSFileSystem.clear_instance_cache()
-    yield fsspec.filesystem("gs")
-    gcsfs.GCSFileSystem.clear_instance_cache()
-
-
 def _plain(url: str) -> str:
     return url.removeprefix("gs://")
 

@@ -293,4 +293,8 @@ DEFECTS: tuple[Defect, ...] = (
            "that then stops takes the coordination service with it, and its peers crash reading the decision",
            "training.distributed.exit_now", COMPAT_TESTS + "test_levanter_distributed.py::"
            "test_defect_46_a_peer_cannot_read_a_decision_once_process_0_has_stopped_and_the_workaround_waits"),
+    Defect(47, LEVANTER, "build_caches opens every source (datasets.load_dataset: the hub) before it looks for its "
+           "finished cache: each training start contacts the hub, and cannot start while it is unreachable",
+           "training.data.cached_first.finished_caches_first", COMPAT_TESTS + "test_levanter_data_sources.py::"
+           "test_defect_47_levanter_opens_the_hub_for_a_finished_cache_and_the_workaround_does_not"),
 )

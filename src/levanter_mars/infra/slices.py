@@ -44,17 +44,20 @@ class Generation:
     hbm_bytes_per_chip: int
     runtime_version: str
     """The TPU VM software image for JAX (gcloud --runtime-version / node_config.runtimeVersion)."""
+    vcpus_per_host: int
+    """vCPUs of a full host's VM (the data step's estimate counts them; smaller v5e/v6e hosts have fewer)."""
 
 
 #: Per slice-name prefix. HBM and cores per chip: Google Cloud TPU documentation, "TPU versions" and the per-version
 #: system architecture pages (cloud.google.com/tpu/docs/v4, /v5e, /v5p, /v6e), checked 2026-12: v4 32 GiB and 2
 #: TensorCores (megacore), v5e 16 GiB and 1, v5p 95 GiB and 2 (megacore), v6e (Trillium) 32 GiB and 1. Runtime
-#: versions: the same docs' "TPU software versions" page.
+#: versions: the same docs' "TPU software versions" page. vCPUs per host: the machine types of those pages (v4
+#: ct4p-hightpu-4t 240, v5e ct5lp-hightpu-8t 224, v5p ct5p-hightpu-4t 208, v6e ct6e-standard-8t 180).
 GENERATIONS = {
-    "v4": Generation("v4", 2, True, 32 * GiB, "tpu-ubuntu2204-base"),
-    "v5litepod": Generation("v5e", 1, False, 16 * GiB, "v2-alpha-tpuv5-lite"),
-    "v5p": Generation("v5p", 2, True, 95 * GiB, "v2-alpha-tpuv5"),
-    "v6e": Generation("v6e", 1, False, 32 * GiB, "v2-alpha-tpuv6e"),
+    "v4": Generation("v4", 2, True, 32 * GiB, "tpu-ubuntu2204-base", 240),
+    "v5litepod": Generation("v5e", 1, False, 16 * GiB, "v2-alpha-tpuv5-lite", 224),
+    "v5p": Generation("v5p", 2, True, 95 * GiB, "v2-alpha-tpuv5", 208),
+    "v6e": Generation("v6e", 1, False, 32 * GiB, "v2-alpha-tpuv6e", 180),
 }
 RUNTIME_VERSIONS = {name: g.runtime_version for name, g in GENERATIONS.items()}
 

@@ -58,8 +58,9 @@ class CacheCheck:
         return CacheCheck(**raw)
 
 
-def _cache_splits(data) -> Iterator[tuple[str, object, str, str]]:
-    """(config field, source config, split, cache directory) of every cache the config can use."""
+def cache_splits(data) -> Iterator[tuple[str, object, str, str]]:
+    """(config field, source config, split, cache directory) of every cache the config can use (a mixture's source
+    with no train weight has no train cache: Levanter neither builds nor loads it)."""
     for name, component in data_sources(data):
         root = component_cache_dir(data, component, name)
         if not root:
@@ -96,7 +97,7 @@ def _cache_contents(split_dir: str) -> list[str] | None:
 def check_caches(data) -> CacheCheck:
     """Compares each existing cache's record with what ``data`` names now. Reads only; changes nothing."""
     check = CacheCheck(cache_dir=getattr(data, "cache_dir", None))
-    for name, component, split, split_dir in _cache_splits(data):
+    for name, component, split, split_dir in cache_splits(data):
         contents = _cache_contents(split_dir)
         if not contents:  # nothing built yet (a record alone is from a run that stopped before building)
             if _has_source(component, split):
@@ -170,7 +171,7 @@ def prepare(check: CacheCheck, data, *, rebuild: bool) -> dict[str, str]:
         for split_dir in check.new:
             logger.info("data.rebuild_cache=true: no cache at %s yet", split_dir)
     to_record = {*check.new, *moved}
-    for name, component, split, split_dir in _cache_splits(data):
+    for name, component, split, split_dir in cache_splits(data):
         if split_dir in to_record and _has_source(component, split):
             write_record(split_dir, record_for(data, component, split))
     return moved

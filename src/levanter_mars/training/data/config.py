@@ -12,6 +12,8 @@ from typing import Union
 
 from levanter.data.text import HfSingleDatasetLMConfig, LMMixtureDatasetConfig, UrlSingleDatasetLMConfig
 
+from levanter_mars.training.data.cached_first import finished_caches_first, restricted
+
 
 @dataclass(frozen=True)
 class RebuildCacheField:
@@ -27,12 +29,17 @@ class UrlDataConfig(UrlSingleDatasetLMConfig, RebuildCacheField):
 
 @dataclass(frozen=True)
 class HfDataConfig(HfSingleDatasetLMConfig, RebuildCacheField):
-    pass
+    def build_caches(self, split: str, monitors=True):
+        """A finished cache loads without opening the dataset (``cached_first``, compat defect 47)."""
+        return finished_caches_first(self, split, lambda _: HfSingleDatasetLMConfig.build_caches(self, split, monitors))
 
 
 @dataclass(frozen=True)
 class MixtureDataConfig(LMMixtureDatasetConfig, RebuildCacheField):
-    pass
+    def build_caches(self, split: str, monitors=True):
+        """Finished caches load without opening their sources (``cached_first``, compat defect 47)."""
+        return finished_caches_first(
+            self, split, lambda rest: LMMixtureDatasetConfig.build_caches(restricted(self, rest), split, monitors))
 
 
 DataConfig = Union[UrlDataConfig, HfDataConfig, MixtureDataConfig]

@@ -145,9 +145,9 @@ def empty_data_paths(data) -> list[str]:
     return problems
 
 
-def build_local_caches(data) -> list[str]:
-    """Builds missing token caches of local URL sources, serially (the cache itself may be on gs://). Returns the
-    cache directories it built."""
+def build_local_caches(data, *, remote: bool = False) -> list[str]:
+    """Builds missing token caches of local URL sources (with ``remote``, of bucket URLs too: the data step),
+    serially (the cache itself may be on gs://). Returns the cache directories it built."""
     built = []
     for name, component in data_sources(data):
         if not isinstance(component, UrlSingleDatasetLMConfig) and not hasattr(component, "train_urls"):
@@ -158,20 +158,19 @@ def build_local_caches(data) -> list[str]:
         tokenizer = data.the_tokenizer if isinstance(data, LMMixtureDatasetConfig) else component.the_tokenizer
         for split in SPLITS:
             urls = getattr(component, f"{split}_urls", None) or []
-            if not urls or not all(is_local(u) for u in urls) or cache_exists(cache_dir, split):
+            if not urls or not (remote or all(is_local(u) for u in urls)) or cache_exists(cache_dir, split):
                 continue
             path = os.path.join(_local_path(cache_dir), split)
-            build_cache_serially(component, tokenizer, split, path)
+            build_cache_serially(component, tokenizer, split, path, enforce_eos=data.enforce_eos)
             built.append(path)
     return built
 
 
-def build_cache_serially(component, tokenizer, split: str, cache_path: str) -> TreeCache:
-    """The cache Levanter would build for ``component``'s ``split``, written by this process alone."""
+def build_cache_serially(component, tokenizer, split: str, cache_path: str, *, enforce_eos: bool) -> TreeCache:
+    """The cache Levanter would build for ``component``'s ``split`` (``enforce_eos``: the data config's), written by
+    this process alone."""
     source = component.get_shard_source(split)
-    processor = preprocessor_for_format(
-        component.format, tokenizer, enforce_bos=True, enforce_eos=component.enforce_eos
-    )
+    processor = preprocessor_for_format(component.format, tokenizer, enforce_bos=True, enforce_eos=enforce_eos)
     metadata = CacheMetadata(preprocessor_metadata=processor.metadata)
     logger.info("Tokenizing %s split into %s (serially, no Ray)", split, cache_path)
     with SerialCacheWriter(cache_path, processor.output_exemplar, metadata=metadata) as writer:

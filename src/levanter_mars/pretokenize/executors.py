@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from typing import Iterator, Optional, Sequence
 
 from levanter_mars.pretokenize.units import Unit
@@ -35,8 +36,24 @@ class SerialExecutor:
         pass
 
 
+#: A Ray worker process's jobs, by key: the job (its tokenizer) is unpickled once per process, not once per unit.
+_JOBS: dict[str, TokenizeJob] = {}
+
+
+def tokenize_unit_on_worker(unit: Unit, key: str, boxed_job: list) -> UnitResult:
+    """A Ray task: the job arrives as a reference inside a list, which Ray does not resolve, so it is fetched only the
+    first time this worker process sees its key."""
+    if key not in _JOBS:
+        import ray
+
+        _JOBS.clear()
+        _JOBS[key] = ray.get(boxed_job[0])
+    return tokenize_unit(unit, _JOBS[key])
+
+
 class RayExecutor:
-    """Units as Ray tasks of one CPU each, at most ``2 x workers`` in flight, in plan order."""
+    """Units as Ray tasks of one CPU each, ``workers`` at a time, in plan order (a cluster's logical CPUs may be more
+    than its cores: the local pod declares 8 per host)."""
 
     def __init__(self, address: Optional[str], workers: Optional[int], max_retries: int = 3):
         import ray
@@ -58,15 +75,15 @@ class RayExecutor:
     def run(self, units: Sequence[Unit], job: TokenizeJob, tick_s: float) -> Iterator[Optional[UnitResult]]:
         """Yields each unit's result as it finishes (any order), and None every ``tick_s`` seconds without one."""
         ray = self.ray
-        task = ray.remote(num_cpus=1, max_retries=self.max_retries, retry_exceptions=False)(tokenize_unit)
-        job_ref = ray.put(job)
+        task = ray.remote(num_cpus=1, max_retries=self.max_retries, retry_exceptions=False)(tokenize_unit_on_worker)
+        job_ref, key = ray.put(job), uuid.uuid4().hex
         queue = list(units)
         running: dict = {}
         try:
             while queue or running:
-                while queue and len(running) < 2 * self.workers:
+                while queue and len(running) < self.workers:
                     unit = queue.pop(0)
-                    running[task.remote(unit, job_ref)] = unit
+                    running[task.remote(unit, key, [job_ref])] = unit
                 ready, _ = ray.wait(list(running), num_returns=1, timeout=tick_s)
                 if not ready:
                     yield None

@@ -17,7 +17,8 @@ class PretokenizeOptions:
     workers: Optional[int] = None
     """Tokenizing workers, one CPU each (default: every CPU of the Ray cluster, or of this machine)."""
     address: Optional[str] = None
-    """A running Ray cluster's address (``127.0.0.1:6379``, ``auto``); none: a Ray of ``workers`` CPUs here."""
+    """A running Ray cluster's GCS address (``host:6379``; ``auto`` on one of its nodes; the local pod's is
+    ``127.0.0.1:<gcs_port>`` of its ``levanter_mars_cluster.json``); none: a Ray of ``workers`` CPUs here."""
     serial: bool = False
     """Tokenize in this process, one unit after another (no Ray)."""
     mirror_dir: Optional[str] = None

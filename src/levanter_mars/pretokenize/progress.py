@@ -1,5 +1,8 @@
 """The progress line of a build: units done, tokens per second (in all and per worker), and the time left, at most
-every ``every_s`` seconds (a line when something changed, or every minute regardless)."""
+every ``every_s`` seconds (a line when something changed, or every minute regardless).
+
+Two rates: over the wall time of the tokenizing (its workers' start, scheduling and waits included), and over the
+units' own seconds (a worker's time inside its units: the rate one core sustains once running)."""
 
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ class Progress:
         self.tokens_now = 0
         self.bytes_now = 0
         self.units_now = 0
+        self.unit_seconds = 0.0
 
     def unit_done(self, result: UnitResult) -> None:
         self.done += 1
@@ -46,6 +50,7 @@ class Progress:
             self.units_now += 1
             self.tokens_now += result.tokens
             self.bytes_now += self.units[result.unit].bytes
+            self.unit_seconds += result.seconds
 
     def stop(self) -> None:
         """The tokenizing is over: rates are over the time until now."""
@@ -55,7 +60,8 @@ class Progress:
         elapsed = max((self.stopped or self.clock()) - self.started, 1e-9)
         per_second = self.tokens_now / elapsed
         return {"tokens_per_second": per_second, "tokens_per_second_per_worker": per_second / self.workers,
-                "workers": self.workers, "seconds": elapsed, "tokens": self.tokens_now, "units": self.units_now}
+                "workers": self.workers, "seconds": elapsed, "tokens": self.tokens_now, "units": self.units_now,
+                "unit_tokens_per_second": self.tokens_now / self.unit_seconds if self.unit_seconds else None}
 
     def line(self) -> str:
         rates = self.rates()

@@ -43,7 +43,7 @@ def hub_splits(data, options: PretokenizeOptions) -> list[HubSplit]:
             continue
         text_key = _text_key(field, component)
         if processor is None:
-            processor = preprocessor_for_format(component.format, data.the_tokenizer, enforce_bos=True,
+            processor = preprocessor_for_format(component.format, _tokenizer(data), enforce_bos=True,
                                                 enforce_eos=data.enforce_eos)  # fmt: skip
         repo = repos.setdefault(field, DatasetRepo(component.id, field=field))
         files = _listed(repo, component.name, split)
@@ -54,6 +54,13 @@ def hub_splits(data, options: PretokenizeOptions) -> list[HubSplit]:
         out.append(HubSplit(SplitSource(field, repo, component.name, split, split_dir, mirror_dir, text_key,
                                         processor), files))  # fmt: skip
     return out
+
+
+def _tokenizer(data):
+    try:
+        return data.the_tokenizer
+    except OSError as e:  # transformers: neither on disk nor reachable on the hub
+        raise StorageTrouble(f"data.tokenizer: cannot load {data.tokenizer!r} ({str(e).splitlines()[0]})") from None
 
 
 def _listed(repo: DatasetRepo, name, split: str) -> list[RepoFile]:

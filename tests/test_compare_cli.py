@@ -1,18 +1,23 @@
 """A nano comparison through the CLI, as a user runs it (``python -m levanter_mars.main.compare``): AdamW against
-MARS-AdamW, 2 grid points each, 2 seeds, a few steps, one of MARS-AdamW's points diverging.
+MARS-AdamW, 2 grid points each tuned on seed 0, the best ones on final seeds 1 and 2, a few steps, one of MARS-AdamW's
+points diverging.
 
-One comparison serves every test here: it is stopped (Ctrl-C) once its first run has ended, then the same command
-finishes it, and a copy with one run removed is finished again on the local pod. Held: no completed run is trained
-again and each step of each run is in its metrics once; the diverged point is recorded as such and loses; the
-figures in ``compare.json`` are the definitions applied to the runs' own curves; the run trained on the local pod
-has the same losses as the one trained alone.
+One comparison serves every test here: it is stopped with SIGTERM (a closed ssh session) once its first run has
+ended, then the same command finishes it, and copies of it are finished again: one with a run removed, on the local
+pod; others with a final run recorded as diverged. Held: the stop leaves no run behind and exits 143; no completed run
+is trained again and each step of each run is in its metrics once; the diverged point is recorded as such and
+loses; the figures in ``compare.json`` are the definitions applied to the runs' own curves (intervals against scipy);
+a final run that diverged is named and exits 3; the run trained on the local pod has the same losses as the one
+trained alone.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -20,8 +25,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from scipy import stats
 
-from levanter_mars.compare.measure import Curve, mean_curve, tokens_to_target
+from tests.helpers.compare_reference import seed_speedups
 from levanter_mars.training.data.pydocs_corpus import config_section
 from levanter_mars.training.run.metrics import read_metrics
 from levanter_mars.training.run.record_copy import RECORD_DIR
@@ -71,9 +77,11 @@ def nano(tmp_path_factory, pydocs_corpus):
     while not (records.exists() and any(records.glob("*.json"))):
         assert first.poll() is None and time.monotonic() < deadline, first.communicate()
         time.sleep(POLL_S)
-    first.send_signal(signal.SIGINT)  # Ctrl-C
+    first.send_signal(signal.SIGTERM)  # a closed ssh session sends SIGHUP; a scheduler, SIGTERM
     _, first_err = first.communicate(timeout=120)
-    assert first.returncode == 130, first_err
+    assert first.returncode == 128 + signal.SIGTERM, first_err
+    left = subprocess.run(["pgrep", "-f", str(work / "out")], capture_output=True, text=True).stdout.split()
+    assert not left, f"runs left training after the comparison stopped: {left}"
     interrupted = {p.stem: p.read_text() for p in records.glob("*.json")}
     second = run_compare(path)
     return path, work / "out", first_err, interrupted, second
@@ -82,14 +90,16 @@ def nano(tmp_path_factory, pydocs_corpus):
 def test_a_stopped_comparison_finishes_without_training_a_run_twice(nano):
     spec, out, first_err, interrupted, second = nano
     assert second.returncode == 0, second.stderr[-5000:]
-    assert "interrupted: the runs were stopped" in first_err
+    assert "stopped by SIGTERM: the runs were stopped" in first_err
     # What had ended before Ctrl-C is read back, its record untouched; nothing else was complete then.
     again = set(started(second.stderr))
     assert interrupted and not again & set(interrupted), (interrupted.keys(), again)
     for rid, text in interrupted.items():
         assert (out / "records" / f"{rid}.json").read_text() == text
     summary = json.loads((out / "compare.json").read_text())
-    assert summary["complete"] and len(summary["runs"]) == 6  # 2 arms x 2 points on seed 0, 2 best points on seed 1
+    assert summary["complete"] and len(summary["runs"]) == 8  # 2 arms x 2 points on seed 0, 2 best x seeds 1, 2
+    assert summary["tuning_seeds"] == [0] and summary["final_seeds"] == [1, 2]
+    assert {r["seed"] for r in summary["runs"] if r["kind"] == "final"} == {1, 2}
     for run in summary["runs"]:
         metrics = read_metrics(out / "runs" / run["run_id"] / "metrics.jsonl")
         steps = [r["step"] for r in metrics]
@@ -113,35 +123,79 @@ def test_a_diverged_point_is_recorded_loses_and_the_comparison_goes_on(nano):
         assert arm["edge"] == {"learning_rate": "high" if arm["best_point"]["learning_rate"] == max(
             p["point"]["learning_rate"] for p in arm["points"]) else "low"}, name
     table = (out / "compare.md").read_text()
-    assert "best at grid edge: learning_rate" in table and "diverged: lr1e_30" in table
+    assert "best at grid edge: learning_rate" in table and "diverged in tuning: lr1e_30" in table
     assert (out / "compare.png").stat().st_size > 20_000
 
 
 def test_the_figures_are_the_definitions_applied_to_the_runs(nano):
+    """Every figure from the final seeds alone, held to a plain re-implementation and to scipy's t distribution."""
     _, out, _, _, _ = nano
     summary = json.loads((out / "compare.json").read_text())
     runs = {(r["arm"], json.dumps(r["point"]), r["seed"]): r for r in summary["runs"]}
 
-    def best_curves(arm):
+    def best_runs(arm):
         point = json.dumps(summary["arms"][arm]["best_point"])
-        return [Curve(tuple(runs[(arm, point, s)]["eval_tokens"]), tuple(runs[(arm, point, s)]["eval_losses"]))
-                for s in summary["seeds"]]  # fmt: skip
+        return [runs[(arm, point, s)] for s in summary["final_seeds"]]
 
-    baseline, mars = best_curves("adamw"), best_curves("mars-adamw")
-    target = sum(c.losses[-1] for c in baseline) / len(baseline)
-    assert summary["target_val_loss"] == pytest.approx(target)
-    assert summary["budget"]["tokens_per_run"] == STEPS * 8 * 64 == baseline[0].tokens[-1]
-    base_tokens = tokens_to_target(mean_curve(baseline), target)
-    arm_tokens = tokens_to_target(mean_curve(mars), target)
+    baseline, mars = best_runs("adamw"), best_runs("mars-adamw")
+    finals = [r["eval_losses"][-1] for r in baseline]
+    assert summary["target_val_loss"] == pytest.approx(statistics.fmean(finals))
+    assert summary["budget"]["tokens_per_run"] == STEPS * 8 * 64 == baseline[0]["eval_tokens"][-1]
+    assert summary["budget"]["parameters"] > 0
     entry = summary["arms"]["mars-adamw"]
-    assert entry["tokens_to_target"] == arm_tokens
-    assert entry["speedup"] == (None if arm_tokens is None else pytest.approx(base_tokens / arm_tokens))
-    assert entry["final_val_loss_difference"] == pytest.approx(sum(c.losses[-1] for c in mars) / 2 - target)
-    low, high = entry["final_val_loss_difference_interval"]
-    assert low <= entry["final_val_loss_difference"] <= high
-    assert summary["arms"]["adamw"]["speedup"] == 1.0
+    differences = [m["eval_losses"][-1] - b["eval_losses"][-1] for m, b in zip(mars, baseline)]
+    assert entry["final_val_loss_differences"] == pytest.approx(differences)
+    assert entry["final_val_loss_difference"] == pytest.approx(statistics.fmean(differences))
+    low, high = stats.t.interval(0.95, len(differences) - 1, loc=statistics.fmean(differences),
+                                 scale=stats.sem(differences))  # fmt: skip
+    assert entry["final_val_loss_difference_interval"] == pytest.approx([low, high])
+    assert entry["final_val_loss_difference_interval_method"].startswith("paired Student t")
+    assert entry["resolvable_difference"] == pytest.approx((high - low) / 2)
+    speedups = seed_speedups([(b["eval_tokens"], b["eval_losses"]) for b in baseline],
+                             [(m["eval_tokens"], m["eval_losses"]) for m in mars])  # fmt: skip
+    assert entry["speedups"] == pytest.approx(speedups) if None not in speedups else entry["speedups"] == speedups
+    if None not in speedups:
+        assert entry["speedup"] == pytest.approx(math.exp(statistics.fmean(math.log(x) for x in speedups)))
+    else:
+        assert entry["speedup"] is None and "never reach the target" in entry["speedup_interval_method"]
+    assert summary["arms"]["adamw"]["speedup"] == pytest.approx(1.0)
     assert all(summary["arms"][a]["seconds_per_token"] > 0 for a in ("adamw", "mars-adamw"))
     assert summary["versions"]["jax"] and summary["command"].startswith("python -m levanter_mars.main.compare")
+    table = (out / "compare.md").read_text()
+    assert "95% Student t over the 2 final seeds" in table and "95% CI" not in table
+
+
+def _with_final_run_diverged(out: Path, copy: Path, arm: str) -> str:
+    """A copy of the comparison whose ``arm``'s first final run is recorded as a diverged run (exit 3)."""
+    shutil.copytree(out, copy)
+    summary = json.loads((out / "compare.json").read_text())
+    rid = next(r["run_id"] for r in summary["runs"] if r["arm"] == arm and r["kind"] == "final")
+    path = copy / "records" / f"{rid}.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "status": "diverged", "exit_code": 3}))
+    return rid
+
+
+def test_a_final_run_that_diverged_is_named_and_exits_3_unless_allowed(nano, tmp_path):
+    spec, out, _, _, _ = nano
+    rid = _with_final_run_diverged(out, tmp_path / "out", "mars-adamw")
+    proc = run_compare(spec, "--output_dir", str(tmp_path / "out"))
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert not started(proc.stderr)  # nothing trained again: the run ended, diverged
+    assert f"error: diverged, so without figures: {rid}" in proc.stderr
+    summary = json.loads((tmp_path / "out" / "compare.json").read_text())
+    assert summary["problems"] == [{"kind": "final_run_diverged", "arm": "mars-adamw", "run": rid}]
+    assert "speedup" not in summary["arms"]["mars-adamw"]
+    assert f"**diverged on a final seed**: {rid}" in (tmp_path / "out" / "compare.md").read_text()
+    allowed = run_compare(spec, "--output_dir", str(tmp_path / "out"), "--final_runs_may_diverge", "true")
+    assert allowed.returncode == 0 and f"note: diverged, so without figures: {rid}" in allowed.stderr
+
+
+def test_the_baseline_diverging_is_an_error_naming_it(nano, tmp_path):
+    spec, out, _, _, _ = nano
+    rid = _with_final_run_diverged(out, tmp_path / "out", "adamw")
+    proc = run_compare(spec, "--output_dir", str(tmp_path / "out"), "--final_runs_may_diverge", "true")
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert f"error: the baseline (adamw) diverged ({rid}): there is no target" in proc.stderr
 
 
 def test_a_missing_run_is_trained_on_the_local_pod_with_the_same_losses(nano, tmp_path):
@@ -175,7 +229,7 @@ def test_a_missing_run_is_trained_on_the_local_pod_with_the_same_losses(nano, tm
     for arm in ("adamw", "mars-adamw"):
         point = summary["arms"][arm]["best_label"]
         accuracies = [json.loads((copy / "evals" / f"{spec_name(spec)}-{arm}-{point}-s{seed}" / "results.json")
-                                 .read_text())["results"]["pydocs_mc"]["acc,none"] for seed in summary["seeds"]]
+                                 .read_text())["results"]["pydocs_mc"]["acc,none"] for seed in summary["final_seeds"]]
         row = next(line for line in table.splitlines() if line.startswith(f"| {arm} |"))
         assert row.split("|")[2].strip() == f"{100 * sum(accuracies) / len(accuracies):.2f}", (row, accuracies)
     assert "Downstream evals" in (copy / "compare.md").read_text()

@@ -1,13 +1,20 @@
 """The comparison's figures (``compare.measure``) against hand computations on synthetic curves: tokens to target by
-linear interpolation, the speed-up, the final-loss difference, and the paired bootstrap's intervals, whose bounds
-for two seeds are known exactly (each of the four equally likely resamples is enumerated by hand)."""
+linear interpolation, the per-seed speed-ups and differences, and their Student t intervals against scipy's own
+``stats.t.interval`` (an independent reference), the resolvable difference and the seeds a difference needs."""
 
 from __future__ import annotations
 
 import pytest
 
+import math
+import statistics
+
+from scipy import stats
+
+from tests.helpers.compare_reference import seed_speedups
 from levanter_mars.compare.measure import (
-    Curve, mean_curve, measure_arm, percentile_interval, speedup, target_of, time_speedup, tokens_to_target,
+    T_DIFFERENCE, T_LOG_SPEEDUP, Curve, mean_curve, measure_arm, seeds_to_resolve, t_interval, time_speedup,
+    tokens_to_target,
 )  # fmt: skip
 
 TOKENS = (100.0, 200.0, 300.0, 400.0)
@@ -36,89 +43,81 @@ def test_mean_curve_is_pointwise_and_refuses_other_eval_points():
         mean_curve([curve(1.0, 1.0, 1.0, 1.0), Curve((1.0, 2.0, 3.0, 5.0), (1.0, 1.0, 1.0, 1.0))])
 
 
-# Two seeds. Baseline finals 5.0 and 5.2: target 5.1. The arm's curves are ahead of the baseline's.
-BASELINE = [curve(8.0, 6.0, 5.4, 5.0), curve(8.0, 6.2, 5.6, 5.2)]
-ARM = [curve(7.0, 5.2, 4.9, 4.7), curve(7.0, 5.6, 5.1, 4.9)]
+# Three seeds. The arm's curves are ahead of the baseline's on each seed.
+BASELINE = [curve(8.0, 6.0, 5.4, 5.0), curve(8.0, 6.2, 5.6, 5.2), curve(8.0, 6.1, 5.5, 5.1)]
+ARM = [curve(7.0, 5.2, 4.9, 4.7), curve(7.0, 5.6, 5.1, 4.85), curve(7.0, 5.3, 4.8, 4.75)]
 
 
-def by_hand(seeds, arm=ARM):
-    """The definitions, written out again for the seeds of one resample (a plain re-implementation)."""
-    target = sum(BASELINE[i].losses[-1] for i in seeds) / len(seeds)
-
-    def mean(curves, j):
-        return sum(curves[i].losses[j] for i in seeds) / len(seeds)
-
-    def reach(curves):
-        for j in range(4):
-            if mean(curves, j) <= target:
-                if j == 0:
-                    return TOKENS[0]
-                l0, l1 = mean(curves, j - 1), mean(curves, j)
-                return TOKENS[j - 1] + (l0 - target) / (l0 - l1) * (TOKENS[j] - TOKENS[j - 1])
-        return None
-
-    arm_final = sum(arm[i].losses[-1] for i in seeds) / len(seeds)
-    b, a = reach(BASELINE), reach(arm)
-    return {"speedup": b / a if a else None, "difference": arm_final - target, "arm_final": arm_final, "arm": a}
+def scipy_interval(values, confidence=0.95):
+    """scipy's t interval of the mean: the independent reference for ``t_interval``."""
+    n = len(values)
+    return stats.t.interval(confidence, n - 1, loc=statistics.fmean(values), scale=stats.sem(values))
 
 
-def test_point_figures_follow_the_definitions():
-    m = measure_arm(BASELINE, ARM, [0, 1], confidence=0.95, samples=2000, seed=0)
-    hand = by_hand([0, 1])
-    assert target_of(BASELINE) == pytest.approx(5.1)
-    # Baseline mean curve (8.0, 6.1, 5.5, 5.1): reaches 5.1 at its last point, 400 tokens. Arm mean (7.0, 5.4, 5.0,
-    # 4.8): between 200 (5.4) and 300 (5.0), at 200 + 100 * 0.3 / 0.4 = 275 tokens. Speed-up 400 / 275.
-    assert hand["speedup"] == pytest.approx(400 / 275)
-    assert m.tokens_to_target == pytest.approx(275.0)
-    assert m.speedup == pytest.approx(400 / 275)
-    assert m.final_loss == pytest.approx(4.8)
-    assert m.final_loss_difference == pytest.approx(4.8 - 5.1)
+def by_hand_speedup(reference, arm):
+    return seed_speedups([(TOKENS, c.losses) for c in reference], [(TOKENS, c.losses) for c in arm])
 
 
-def test_paired_bootstrap_bounds_are_the_extreme_resamples_for_two_seeds():
-    """With two seeds a resample is (0, 0), (1, 1) or one of each (twice as likely); the 95% bounds of thousands of
-    resamples are then the smallest and largest of the three by-hand values."""
-    m = measure_arm(BASELINE, ARM, [0, 1], confidence=0.95, samples=4000, seed=7)
-    resamples = [by_hand(s) for s in ([0, 0], [1, 1], [0, 1])]
-    speedups = [r["speedup"] for r in resamples]
-    differences = [r["difference"] for r in resamples]
-    assert m.speedup_interval.low == pytest.approx(min(speedups))
-    assert m.speedup_interval.high == pytest.approx(max(speedups))
-    assert m.final_loss_difference_interval.low == pytest.approx(min(differences))
-    assert m.final_loss_difference_interval.high == pytest.approx(max(differences))
-    assert m.not_reached_fraction == 0.0
-    # Seeded: the same seed gives the same intervals, another seed the same bounds (they are exact here).
-    again = measure_arm(BASELINE, ARM, [0, 1], confidence=0.95, samples=4000, seed=7)
-    assert again == m
+def test_t_interval_is_scipys_for_every_seed_count_and_confidence():
+    for values in ([0.1, 0.3], [0.2, -0.1, 0.05], [1.0, 1.2, 0.9, 1.4, 1.1, 0.95]):
+        for confidence in (0.9, 0.95, 0.99):
+            low, high = t_interval(values, confidence).as_list()
+            ref_low, ref_high = scipy_interval(values, confidence)
+            assert low == pytest.approx(ref_low, abs=1e-12) and high == pytest.approx(ref_high, abs=1e-12)
+    assert t_interval([0.3], 0.95).as_list() == [None, None]  # one seed: no spread, no interval
 
 
-def test_an_arm_that_never_reaches_the_target_in_some_resamples_has_no_lower_bound():
-    # Seed 1 of this arm ends at 5.3: in the resample (1, 1) the arm (final 5.3) never reaches the target (5.2).
-    slow = [curve(7.0, 5.2, 4.9, 4.7), curve(8.0, 7.0, 6.0, 5.3)]
-    m = measure_arm(BASELINE, slow, [0, 1], confidence=0.95, samples=4000, seed=1)
-    assert by_hand([1, 1], slow)["arm"] is None and by_hand([0, 1], slow)["arm"] is not None
-    assert m.speedup_interval.low is None  # the lowest resamples never reached it
-    assert m.not_reached_fraction == pytest.approx(0.25, abs=0.03)  # (1, 1): one resample in four
-    assert m.speedup is not None  # on both seeds the mean curve reaches 5.1: (7.5, 6.1, 5.45, 5.0)
-    assert m.speedup == pytest.approx(400 / (300 + 100 * (5.45 - 5.1) / (5.45 - 5.0)))
+def test_three_seeds_give_a_t_interval_not_their_range():
+    """The old percentile bootstrap over 3 seeds returned the seeds' min and max; the t interval is wider than
+    that range here (t(0.975, 2) = 4.30)."""
+    differences = [0.147, 0.259, 0.190]
+    low, high = t_interval(differences, 0.95).as_list()
+    assert low < min(differences) and high > max(differences)
 
 
-def test_the_baseline_against_itself_is_one_exactly():
-    m = measure_arm(BASELINE, BASELINE, [0, 1], confidence=0.95, samples=500, seed=0)
-    assert m.speedup == 1.0 and m.speedup_interval.low == m.speedup_interval.high == 1.0
-    assert m.final_loss_difference == 0.0
+def test_the_arm_is_measured_seed_by_seed_against_the_reference():
+    figures = measure_arm(BASELINE, ARM, [1, 2, 3], confidence=0.95)
+    differences = [a.losses[-1] - b.losses[-1] for a, b in zip(ARM, BASELINE)]
+    assert list(figures.differences) == pytest.approx(differences)
+    assert figures.final_loss_difference == pytest.approx(statistics.fmean(differences))
+    assert figures.final_loss_difference_interval.as_list() == pytest.approx(list(scipy_interval(differences)))
+    assert figures.final_loss_difference_interval.method == T_DIFFERENCE
+    assert figures.final_loss == pytest.approx(statistics.fmean(a.losses[-1] for a in ARM))
+    speedups = by_hand_speedup(BASELINE, ARM)
+    assert list(figures.speedups) == pytest.approx(speedups)
+    logs = [math.log(s) for s in speedups]
+    assert figures.speedup == pytest.approx(math.exp(statistics.fmean(logs)))
+    low, high = scipy_interval(logs)
+    assert figures.speedup_interval.as_list() == pytest.approx([math.exp(low), math.exp(high)])
+    assert figures.speedup_interval.method == T_LOG_SPEEDUP
+    assert figures.resolvable_difference == pytest.approx(
+        stats.t.ppf(0.975, 2) * statistics.stdev(differences) / math.sqrt(3))
+    assert figures.tokens_to_target == tokens_to_target(mean_curve(ARM), statistics.fmean(
+        b.losses[-1] for b in BASELINE))
 
 
-def test_percentile_interval_takes_bounds_from_the_values():
-    values = list(range(1, 101))  # 1..100
-    interval = percentile_interval(values, 0.9)
-    assert (interval.low, interval.high) == (5.0, 95.0)  # no interpolation between values
-    assert percentile_interval([float("-inf")] * 10 + [1.0] * 90, 0.9).low is None
-    assert percentile_interval([float("-inf")] * 3 + [1.0] * 97, 0.9).low == 1.0  # 3% below the 5% bound
+def test_a_seed_that_never_reaches_the_target_leaves_no_speedup_and_says_why():
+    behind = [curve(9.0, 8.0, 7.0, 6.0), *ARM[1:]]
+    figures = measure_arm(BASELINE, behind, [1, 2, 3], confidence=0.95)
+    assert figures.speedups[0] is None and figures.speedup is None
+    assert figures.speedup_interval.as_list() == [None, None]
+    assert "1 of 3 seeds never reach the target" in figures.speedup_interval.method
 
 
-def test_speedup_and_time_speedup():
-    assert speedup(400.0, 200.0) == 2.0 and speedup(400.0, None) is None
-    # 2x fewer tokens at 2x the seconds per token (exact MARS's two gradients): no faster in time.
-    assert time_speedup(2.0, 1e-4, 2e-4) == pytest.approx(1.0)
-    assert time_speedup(None, 1e-4, 2e-4) is None
+def test_the_seeds_a_difference_needs_are_the_fewest_whose_interval_leaves_out_zero():
+    differences = [0.02, -0.01, 0.04, 0.00, 0.03]
+    needed = seeds_to_resolve(differences, 0.95)
+    mean, sd = statistics.fmean(differences), statistics.stdev(differences)
+    assert stats.t.ppf(0.975, needed - 1) * sd / math.sqrt(needed) < mean
+    assert stats.t.ppf(0.975, needed - 2) * sd / math.sqrt(needed - 1) >= mean
+    assert seeds_to_resolve([0.1, -0.1], 0.95) is None  # no difference to resolve
+
+
+def test_the_baseline_against_itself_is_a_tie_with_speedup_one():
+    figures = measure_arm(BASELINE, BASELINE, [1, 2, 3], confidence=0.95)
+    assert figures.final_loss_difference == 0 and figures.speedup == pytest.approx(1.0)
+
+
+def test_time_speedup_weighs_the_token_speedup_by_seconds_per_token():
+    assert time_speedup(2.0, 1e-3, 2e-3) == pytest.approx(1.0)
+    assert time_speedup(None, 1e-3, 2e-3) is None and time_speedup(2.0, None, 1e-3) is None

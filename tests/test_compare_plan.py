@@ -10,7 +10,7 @@ from levanter_mars.compare.spec import ArmConfig, CompareConfig, TuningConfig
 
 def spec(**changes) -> CompareConfig:
     fields = dict(
-        name="t", base="base.yaml", baseline="adamw", seeds=[0, 1, 2],
+        name="t", base="base.yaml", baseline="adamw", final_seeds=[1, 2],
         arms=[ArmConfig("adamw", {"type": "adam"}, {"learning_rate": [1e-3, 3e-3, 9e-3]}),
               ArmConfig("mars", {"type": "mars-adamw"}, {"learning_rate": [1e-3, 3e-3], "beta1": [0.9, 0.95]})],
     )  # fmt: skip

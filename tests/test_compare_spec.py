@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from levanter_mars.compare.spec import parse
 from levanter_mars.main.compare import cli
 from levanter_mars.training.data.pydocs_corpus import config_section
 from levanter_mars.training.yaml_sections import deep_merge
@@ -24,7 +25,7 @@ def write_spec(tmp_path, pydocs_corpus):
     (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
 
     def write(**changes) -> Path:
-        spec = {"name": "bad", "base": "base.yaml", "baseline": "adamw", "arms": [ADAMW, MARS], "seeds": [0],
+        spec = {"name": "bad", "base": "base.yaml", "baseline": "adamw", "arms": [ADAMW, MARS], "final_seeds": [1, 2],
                 "output_dir": str(tmp_path / "out")}  # fmt: skip
         spec.update(changes)
         path = tmp_path / "spec.yaml"
@@ -55,7 +56,13 @@ def refused(capsys, path: Path, *extra: str) -> str:
          "arms[1].optimizer.warmup: the schedule's shape"),
         ({"arms": [ADAMW, {**MARS, "optimizer": {"beta1": 0.9}}]}, "arms[1].optimizer.type is required"),
         ({"arms": [ADAMW, ADAMW]}, "arms: names must differ"),
-        ({"tuning": {"seeds": [5]}}, "tuning.seeds must be some of seeds"),
+        ({"tuning": {"seeds": [1]}}, "final_seeds and tuning.seeds must be disjoint, and [1] is in both"),
+        ({"final_seeds": [3]}, "final_seeds: at least 2 seeds (an interval needs a spread)"),
+        ({"seeds": [0, 1, 2]}, "seeds: this field is gone; use final_seeds (the seeds of the figures) and "
+                               "tuning.seeds (default [0]), disjoint"),
+        ({"interval": {"samples": 100}}, "interval.samples: this field is gone"),
+        ({"pairs": [["mars", "sgd"]]}, "pairs[0]: two different arms [arm, reference]"),
+        ({"base_optimizer_fields": "merge"}, "base_optimizer_fields must be one of ('refuse', 'drop', 'keep')"),
         ({"arms": [ADAMW, {**MARS, "grid": {"learning_rate": ["fast"]}}]},
          "arms[1] (mars) at lrfast: the run's training config is bad"),
     ],
@@ -89,3 +96,54 @@ def test_overrides_cannot_change_what_the_comparison_decides(capsys, write_spec)
 def test_a_missing_spec_or_base_is_named(capsys, tmp_path, write_spec):
     assert "--config_path: no such file" in refused(capsys, tmp_path / "nope.yaml")
     assert "base: no such file" in refused(capsys, write_spec(base="missing.yaml"))
+
+
+def _base_with_optimizer_fields(tmp_path, **fields):
+    base = yaml.safe_load((tmp_path / "base.yaml").read_text())
+    base["optimizer"].update(fields)
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+
+
+def test_the_bases_other_optimizer_fields_are_refused_by_name_unless_dropped_or_kept(capsys, tmp_path, write_spec):
+    from levanter_mars.compare.comparison import open_comparison
+    from levanter_mars.compare.spec import parse
+
+    spec_path = write_spec()
+    _base_with_optimizer_fields(tmp_path, weight_decay=0.3, max_grad_norm=0.5)
+    line = refused(capsys, spec_path)
+    assert "base: optimizer.max_grad_norm: the base config's optimizer sets ['max_grad_norm', 'weight_decay']" in line
+    assert "base_optimizer_fields: drop" in line and "or keep" in line
+
+    def first_run_optimizers(policy):
+        spec, overrides, _ = parse(["--config_path", str(write_spec(base_optimizer_fields=policy))])
+        comparison = open_comparison(spec, overrides)
+        return {arm: comparison.arm_optimizer(arm) for arm in ("adamw", "mars")}
+
+    dropped = first_run_optimizers("drop")
+    assert dropped["adamw"] == {"type": "adam", "warmup": 0.1, "min_lr_ratio": 0.1}
+    kept = first_run_optimizers("keep")
+    assert kept["adamw"] == {"weight_decay": 0.3, "max_grad_norm": 0.5, "type": "adam", "warmup": 0.1,
+                             "min_lr_ratio": 0.1}  # fmt: skip
+    mine = {**MARS, "optimizer": {"type": "mars-adamw", "weight_decay": 0.01}}
+    spec, overrides, _ = parse(["--config_path", str(write_spec(base_optimizer_fields="keep", arms=[ADAMW, mine]))])
+    assert open_comparison(spec, overrides).arm_optimizer("mars")["weight_decay"] == 0.01  # the arm's own wins
+    _base_with_optimizer_fields(tmp_path, nesterov=True)  # an adam field mars-adamw lacks
+    line = refused(capsys, write_spec(base_optimizer_fields="keep"))
+    assert "base: optimizer.nesterov: base_optimizer_fields: keep, and arm mars's optimizer (mars-adamw) has no " \
+           "nesterov" in line, line  # fmt: skip
+
+
+def test_a_run_sent_to_a_pod_writes_its_logs_under_the_shipped_directory_not_this_machines(tmp_path, write_spec,
+                                                                                          monkeypatch):  # fmt: skip
+    from levanter_mars.compare.plan import RunKey
+    from levanter_mars.compare.runs import Layout, run_config
+    from levanter_mars.compare.spec import load_base
+
+    monkeypatch.chdir(tmp_path)  # the working directory the launcher ships
+    spec, _, _ = parse(["--config_path", str(write_spec()), "--tpu_type", "v4-32"])
+    base = load_base(spec.base)
+    key = RunKey("adamw", (("learning_rate", 1e-3),), 1)
+    config = run_config(spec, base, Layout.of(spec, base), key)
+    assert config["trainer"]["log_dir"] == "out/runs"
+    local, _, _ = parse(["--config_path", str(write_spec())])
+    assert run_config(local, base, Layout.of(local, base), key)["trainer"]["log_dir"] == str(tmp_path / "out" / "runs")

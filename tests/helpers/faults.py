@@ -202,3 +202,36 @@ def install_eval_failures(scoring_fails_at_eval: int, writing_fails_at_step: int
     in_training.run_eval_harness = counting_evaluations
     ConfigurableTask.process_results = scoring
     report.write_results = writing
+
+
+def install_first_batches_probe(out: str, batches: int = 2) -> None:
+    """Writes to ``out`` (JSON) what a run starts from, then exits 0 before its first step: a digest of its initial
+    parameters, the token ids of its first ``batches`` batches, and the loss of the initial parameters on the first
+    (the trainer's own loss function). A fairness probe, not a fault."""
+    import hashlib
+    import json
+
+    import equinox as eqx
+    import jax
+    import numpy as np
+
+    from levanter_mars.training.trainer import MarsTrainer
+
+    def train(self, state, train_loader):
+        loader = iter(train_loader)
+        first = [next(loader) for _ in range(batches)]
+        digest = hashlib.sha256()
+        for leaf in jax.tree.leaves(eqx.filter(state.model, eqx.is_array)):
+            digest.update(np.asarray(leaf).tobytes())
+
+        @eqx.filter_jit
+        def loss(model, batch):
+            return self.loss_fn(self.mp.cast_to_compute(model), batch, key=None)[0]
+
+        with open(out, "w") as f:
+            json.dump({"parameters_sha256": digest.hexdigest(),
+                       "token_ids": [np.asarray(b.tokens.array).tolist() for b in first],
+                       "initial_loss": float(loss(state.model, first[0]))}, f)  # fmt: skip
+        os._exit(0)
+
+    MarsTrainer.train = train

@@ -12,9 +12,10 @@ from levanter_mars import versions
 from levanter_mars.compare import execute
 from levanter_mars.compare.plan import Outcome, Plan, RunKey, plan, point_label, run_id
 from levanter_mars.compare.runs import (
-    Layout, RunRecord, RunResult, check_reusable, config_digest, read_record, read_result, run_config, status_of,
-    write_config, write_record,
+    Layout, RunRecord, RunResult, arm_optimizer, check_reusable, config_digest, read_record, read_result, run_config,
+    status_of, write_config, write_record,
 )  # fmt: skip
+from levanter_mars.training.yaml_sections import deep_merge
 from levanter_mars.compare.spec import CompareConfig, SpecError, load_base
 
 
@@ -59,6 +60,15 @@ class Comparison:
 
     def config_of(self, key: RunKey) -> dict[str, Any]:
         return run_config(self.spec, self.base, self.layout, key)
+
+    def arm_optimizer(self, arm: str) -> dict[str, Any]:
+        """The arm's optimizer section before its grid point, as every run of it gets it."""
+        return arm_optimizer(self.spec, deep_merge(self.base, self.spec.base_overrides).get("optimizer", {}), arm)
+
+
+class RunLiveElsewhere(RuntimeError):
+    """A run of the comparison is held by another launch (its lease): another comparison, or the runs of one that was
+    killed. Exit 8, as the run's own."""
 
 
 def open_comparison(spec: CompareConfig, overrides: Sequence[str]) -> Comparison:
@@ -233,5 +243,9 @@ def _ended(comparison: Comparison, ended: execute.Ended, report: Callable[[str],
            f"{f', final val loss {final:.4f}' if final is not None else ''})")  # fmt: skip
     if status == "config_error":
         raise SpecError(f"run {ended.run_id} refused its config (exit 2): see {record.log}")
+    if status == "live_elsewhere":
+        raise RunLiveElsewhere(f"run {ended.run_id} is live elsewhere: another launch holds its lease (another "
+                               f"comparison in {spec.output_dir}, or a run left by one that was killed); see "
+                               f"{record.log}")  # fmt: skip
     if status == "failed":
         comparison.failed_now.add(ended.key)

@@ -29,7 +29,7 @@ def evaluate_arms(comparison: Comparison, plan: Plan, report: Callable[[str], No
     for arm, arm_plan in plan.arms.items():
         if arm_plan.best is None:
             continue
-        for seed in spec.seeds:
+        for seed in spec.final_seeds:
             rid = run_id(spec, RunKey(arm, arm_plan.best, seed))
             path = results_path(comparison, rid)
             if not os.path.exists(path):
@@ -60,7 +60,7 @@ def table(comparison: Comparison, results: dict[str, list[str]]) -> Optional[str
         return None
     merged = {arm: _seed_mean([load_results(p) for p in paths]) for arm, paths in results.items()}
     columns = stored_columns(next(iter(merged.values())))
-    seeds = len(comparison.spec.seeds)
+    seeds = len(comparison.spec.final_seeds)
     return markdown_table([table_row(arm, record, columns) for arm, record in merged.items()],
                           header=f"Arm (mean of {seeds} seed(s), best point)")  # fmt: skip
 

@@ -3,14 +3,16 @@
 * **target**: the baseline's mean final val loss over seeds at its best point.
 * **tokens to target** (of an arm): the tokens at which its seed-mean val-loss curve first reaches the target,
   linearly interpolated between eval points; None if it never does.
-* **speed-up**: the baseline's tokens to target / the arm's (> 1: the arm is faster).
-* **final val-loss difference**: the arm's mean final val loss minus the baseline's (< 0: the arm ends lower).
-* **intervals**: a seeded, paired bootstrap over seeds (a seed is one initialization and one data order for every
-  arm, so a resample takes the same seeds for the baseline and the arm), percentile bounds taken from the
-  resampled values themselves. A resample in which the arm never reaches the target counts as the lowest speed-up;
-  a lower bound that falls there is None ("not reached within the budget").
+* **final val-loss difference**: per final seed, the arm's final val loss minus the baseline's (a seed is one
+  initialization and one data order for every arm, so the two are paired); its mean (< 0: the arm ends lower).
+* **speed-up**: per final seed, the baseline's tokens to its own final loss over the arm's tokens to that loss; their
+  geometric mean (> 1: the arm is faster). None unless every seed reaches it.
+* **intervals**: Student t over the final seeds (n - 1 degrees of freedom): of the mean final loss, of the mean
+  paired difference, and of the mean log speed-up (then exponentiated). Each holds at its confidence for any n >= 2
+  when the per-seed values are normal; each names its method beside it. The **resolvable difference** is the
+  difference interval's half-width: differences smaller than it are within the seeds' noise.
 * **time**: each arm's seconds per token from its own runs; the speed-up in time multiplies the token speed-up by
-  the baseline's seconds per token over the arm's (those taken as measured, not resampled).
+  the baseline's seconds per token over the arm's (those taken as measured).
 
 Pure functions of curves: no file, no run, no JAX.
 """
@@ -22,7 +24,6 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-import numpy as np
 
 
 @dataclass(frozen=True)
@@ -75,25 +76,73 @@ def speedup(baseline_tokens: Optional[float], arm_tokens: Optional[float]) -> Op
 class Interval:
     low: Optional[float]
     high: Optional[float]
+    method: str
 
     def as_list(self) -> list[Optional[float]]:
         return [self.low, self.high]
 
 
+T_DIFFERENCE = "paired Student t over the per-seed differences (n - 1 degrees of freedom)"
+T_MEAN = "Student t over the per-seed values (n - 1 degrees of freedom)"
+T_LOG_SPEEDUP = "Student t over the per-seed log speed-ups (n - 1 degrees of freedom), exponentiated"
+NO_INTERVAL = "none: one seed has no spread"
+
+
+def t_quantile(confidence: float, n: int) -> float:
+    """The two-sided ``confidence`` quantile of Student's t with ``n - 1`` degrees of freedom."""
+    from scipy import stats
+
+    return float(stats.t.ppf(0.5 + confidence / 2, n - 1))
+
+
+def t_interval(values: Sequence[float], confidence: float, method: str = T_MEAN) -> Interval:
+    """mean +- t * sd / sqrt(n): it holds at its ``confidence`` for any n >= 2 when the values are normal (a range of
+    the values would not: with 3 seeds the range covers the mean about 75% of the time)."""
+    n = len(values)
+    if n < 2:
+        return Interval(None, None, method)
+    mean, half = statistics.fmean(values), half_width(values, confidence)
+    return Interval(mean - half, mean + half, method)
+
+
+def half_width(values: Sequence[float], confidence: float) -> float:
+    return t_quantile(confidence, len(values)) * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def seeds_to_resolve(values: Sequence[float], confidence: float, limit: int = 1000) -> Optional[int]:
+    """The fewest seeds whose interval, at this spread, would leave out 0 for a mean difference this large (None: no
+    difference, or more than ``limit``)."""
+    mean, sd = abs(statistics.fmean(values)), statistics.stdev(values) if len(values) > 1 else 0.0
+    if mean == 0:
+        return None
+    for n in range(2, limit + 1):
+        if t_quantile(confidence, n) * sd / math.sqrt(n) < mean:
+            return n
+    return None
+
+
 @dataclass(frozen=True)
 class ArmMeasure:
-    """An arm against the baseline, on the seeds both have."""
+    """An arm against a reference arm (the baseline), seed by seed on the final seeds both have."""
 
     seeds: tuple[int, ...]
     final_loss: float
     final_loss_interval: Interval
+    differences: tuple[float, ...]
+    """Per seed: the arm's final val loss - the reference's."""
     final_loss_difference: float
     final_loss_difference_interval: Interval
+    resolvable_difference: float
+    """The half-width of the difference's interval: differences smaller than this are within the seeds' noise."""
+    seeds_to_resolve: Optional[int]
+    """Seeds an interval would need, at this spread, to tell this difference from 0."""
     tokens_to_target: Optional[float]
+    """Tokens at which the arm's seed-mean curve first reaches the target (the reference's mean final loss)."""
+    speedups: tuple[Optional[float], ...]
+    """Per seed: the reference's tokens to its own final loss / the arm's tokens to that loss (None: not reached)."""
     speedup: Optional[float]
+    """Geometric mean of the per-seed speed-ups (None unless every seed reaches the target)."""
     speedup_interval: Interval
-    not_reached_fraction: float
-    """Of the bootstrap resamples, the share in which the arm never reached the resample's target."""
 
 
 def target_of(baseline: Sequence[Curve]) -> float:
@@ -103,54 +152,48 @@ def target_of(baseline: Sequence[Curve]) -> float:
     return statistics.fmean(finals)
 
 
-def measure_arm(baseline: Sequence[Curve], arm: Sequence[Curve], seeds: Sequence[int], *, confidence: float,
-                samples: int, seed: int) -> ArmMeasure:  # fmt: skip
-    """``baseline[i]`` and ``arm[i]`` are the runs of ``seeds[i]``, each at its arm's best point."""
-    if not (len(baseline) == len(arm) == len(seeds)) or not seeds:
-        raise ValueError("measure_arm needs one baseline run and one arm run per seed")
-    point = _figures(baseline, arm)
-    rng = np.random.default_rng(seed)
-    resampled = [_figures([baseline[i] for i in idx], [arm[i] for i in idx])
-                 for idx in rng.integers(0, len(seeds), size=(samples, len(seeds)))]  # fmt: skip
-    not_reached = sum(r.speedup is None for r in resampled)
+def seed_speedup(reference: Curve, arm: Curve) -> Optional[float]:
+    """The reference's tokens to its own final loss over the arm's tokens to that loss (the same seed)."""
+    target = reference.final
+    if target is None:
+        return None
+    return speedup(tokens_to_target(reference, target), tokens_to_target(arm, target))
+
+
+def measure_arm(reference: Sequence[Curve], arm: Sequence[Curve], seeds: Sequence[int], *,
+                confidence: float) -> ArmMeasure:  # fmt: skip
+    """``reference[i]`` and ``arm[i]`` are the runs of ``seeds[i]``, each at its arm's best point."""
+    if not (len(reference) == len(arm) == len(seeds)) or not seeds:
+        raise ValueError("measure_arm needs one reference run and one arm run per seed")
+    if any(c.final is None for c in (*reference, *arm)):
+        raise ValueError("a run without a finite final val loss has no figures")
+    finals = [c.final for c in arm]
+    differences = [a.final - r.final for a, r in zip(arm, reference)]
+    speedups = [seed_speedup(r, a) for r, a in zip(reference, arm)]
+    reached = [s for s in speedups if s is not None]
+    logs = [math.log(s) for s in reached]
+    if len(reached) == len(speedups) and len(reached) >= 2:
+        low, high = t_interval(logs, confidence, T_LOG_SPEEDUP).as_list()
+        speedup_interval = Interval(math.exp(low), math.exp(high), T_LOG_SPEEDUP)
+    elif len(reached) < len(speedups):
+        speedup_interval = Interval(None, None, f"none: {len(speedups) - len(reached)} of {len(speedups)} seeds never "
+                                                "reach the target")  # fmt: skip
+    else:
+        speedup_interval = Interval(None, None, NO_INTERVAL)
     return ArmMeasure(
         seeds=tuple(seeds),
-        final_loss=point.arm_final,
-        final_loss_interval=percentile_interval([r.arm_final for r in resampled], confidence),
-        final_loss_difference=point.difference,
-        final_loss_difference_interval=percentile_interval([r.difference for r in resampled], confidence),
-        tokens_to_target=point.arm_tokens,
-        speedup=point.speedup,
-        speedup_interval=percentile_interval([-math.inf if r.speedup is None else r.speedup for r in resampled],
-                                             confidence),  # fmt: skip
-        not_reached_fraction=not_reached / samples,
+        final_loss=statistics.fmean(finals),
+        final_loss_interval=t_interval(finals, confidence),
+        differences=tuple(differences),
+        final_loss_difference=statistics.fmean(differences),
+        final_loss_difference_interval=t_interval(differences, confidence, T_DIFFERENCE),
+        resolvable_difference=half_width(differences, confidence) if len(differences) > 1 else math.inf,
+        seeds_to_resolve=seeds_to_resolve(differences, confidence),
+        tokens_to_target=tokens_to_target(mean_curve(arm), target_of(reference)),
+        speedups=tuple(speedups),
+        speedup=math.exp(statistics.fmean(logs)) if reached and len(reached) == len(speedups) else None,
+        speedup_interval=speedup_interval,
     )
-
-
-@dataclass(frozen=True)
-class _Figures:
-    arm_final: float
-    difference: float
-    arm_tokens: Optional[float]
-    speedup: Optional[float]
-
-
-def _figures(baseline: Sequence[Curve], arm: Sequence[Curve]) -> _Figures:
-    target = target_of(baseline)
-    baseline_tokens = tokens_to_target(mean_curve(baseline), target)
-    arm_finals = [c.final for c in arm]
-    arm_final = statistics.fmean(arm_finals) if all(f is not None for f in arm_finals) else math.inf
-    arm_tokens = tokens_to_target(mean_curve(arm), target)
-    return _Figures(arm_final, arm_final - target, arm_tokens, speedup(baseline_tokens, arm_tokens))
-
-
-def percentile_interval(values: Sequence[float], confidence: float) -> Interval:
-    """The two-sided ``confidence`` interval of ``values``, bounds taken from the values themselves (no
-    interpolation between resamples); an infinite bound is None."""
-    alpha = (1 - confidence) / 2
-    low, high = np.percentile(np.asarray(values, dtype=float), [100 * alpha, 100 * (1 - alpha)],
-                              method="inverted_cdf")  # fmt: skip
-    return Interval(float(low) if math.isfinite(low) else None, float(high) if math.isfinite(high) else None)
 
 
 def time_speedup(token_speedup: Optional[float], baseline_seconds_per_token: Optional[float],

@@ -44,45 +44,79 @@ def _tokens(value: Optional[float]) -> str:
     return f"{value / 1e6:.3f}M" if value >= 1e5 else f"{value:,.0f}"
 
 
+def _notes(name: str, arm: dict) -> list[str]:
+    notes = []
+    if arm.get("edge"):
+        notes.append("best at grid edge: " + ", ".join(f"{k} {v}" for k, v in arm["edge"].items()))
+    if arm.get("diverged_points"):
+        notes.append("diverged in tuning: " + ", ".join(arm["diverged_points"]))
+    if arm.get("all_diverged"):
+        notes.append("every point diverged")
+    if arm.get("diverged_final_runs"):
+        notes.append("**diverged on a final seed**: " + ", ".join(arm["diverged_final_runs"]))
+    elif not arm.get("final_runs_complete"):
+        notes.append("incomplete")
+    if arm.get("within_noise"):
+        needed = arm.get("seeds_to_resolve")
+        notes.append("within noise" + (f": ~{needed} seeds would resolve it" if needed else ""))
+    return notes
+
+
+def _figure_row(label: str, figures: dict, reference_final: bool = True) -> dict[str, str]:
+    measured = "final_val_loss_difference" in figures
+    return {
+        "arm": label,
+        "delta": (_number(figures.get("final_val_loss_difference")) + " "
+                  + _interval(figures.get("final_val_loss_difference_interval"))) if measured else "–",
+        "resolvable": _number(figures.get("resolvable_difference")) if measured else "–",
+        "tokens": _tokens(figures.get("tokens_to_target")) if measured else "–",
+        "speedup": (_number(figures.get("speedup"), 2) + " " + _interval(figures.get("speedup_interval"), 2))
+        if measured and figures.get("speedup") is not None else ("not reached" if measured else "–"),
+        "time": _number(figures.get("time_speedup"), 2),
+    }
+
+
 def result_rows(summary: dict[str, Any]) -> list[dict[str, str]]:
     rows = []
     for name, arm in summary["arms"].items():
-        notes = []
-        if arm.get("edge"):
-            notes.append("best at grid edge: " + ", ".join(f"{k} {v}" for k, v in arm["edge"].items()))
-        if arm.get("diverged_points"):
-            notes.append("diverged: " + ", ".join(arm["diverged_points"]))
-        if arm.get("all_diverged"):
-            notes.append("every point diverged")
-        if not arm.get("final_runs_complete"):
-            notes.append("incomplete")
-        rows.append({
-            "arm": name + (" (baseline)" if name == summary["baseline"] else ""),
+        row = _figure_row(name + (" (baseline)" if name == summary["baseline"] else ""), arm)
+        row.update({
             "best": arm.get("best_label") or "–",
             "final": _number(arm.get("final_val_loss")) + " " + _interval(arm.get("final_val_loss_interval")),
-            "delta": (_number(arm.get("final_val_loss_difference")) + " "
-                      + _interval(arm.get("final_val_loss_difference_interval"))) if "speedup" in arm else "–",
-            "tokens": _tokens(arm.get("tokens_to_target")) if "speedup" in arm else "–",
-            "speedup": (_number(arm.get("speedup"), 2) + " " + _interval(arm.get("speedup_interval"), 2,
-                        low_none="not reached")) if "speedup" in arm else "–",
             "spt": "–" if arm.get("seconds_per_token") is None else f"{arm['seconds_per_token'] * 1e6:.1f}",
-            "time": _number(arm.get("time_speedup"), 2),
-            "notes": "; ".join(notes),
+            "notes": "; ".join(_notes(name, arm)),
         })  # fmt: skip
+        rows.append(row)
     return rows
 
 
-RESULT_COLUMNS = [
-    ("arm", "arm"),
-    ("best", "best point"),
-    ("final", "final val loss [95% CI]"),
-    ("delta", "Δ vs baseline [95% CI]"),
-    ("tokens", "tokens to target"),
-    ("speedup", "speed-up (tokens) [95% CI]"),
-    ("spt", "µs / token"),
-    ("time", "speed-up (time)"),
-    ("notes", "notes"),
-]
+def pair_rows(summary: dict[str, Any]) -> list[dict[str, str]]:
+    rows = []
+    for pair in summary.get("pairs", []):
+        row = _figure_row(f"{pair['arm']} vs {pair['reference']}", pair)
+        row["notes"] = "; ".join(_notes(pair["arm"], pair)) if "final_val_loss_difference" in pair else "incomplete"
+        rows.append(row)
+    return rows
+
+
+def result_columns(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    interval = f"{round(100 * summary['interval']['confidence'])}% t"
+    return [
+        ("arm", "arm"),
+        ("best", "best point"),
+        ("final", f"final val loss [{interval}]"),
+        ("delta", f"Δ vs baseline [{interval}, paired]"),
+        ("resolvable", "resolvable Δ"),
+        ("tokens", "tokens to target"),
+        ("speedup", f"speed-up (tokens) [{interval}, log]"),
+        ("spt", "µs / token"),
+        ("time", "speed-up (time)"),
+        ("notes", "notes"),
+    ]
+
+
+PAIR_COLUMNS = [("arm", "arm vs reference"), ("delta", "Δ [t, paired]"), ("resolvable", "resolvable Δ"),
+                ("speedup", "speed-up (tokens) [t, log]"), ("time", "speed-up (time)"), ("notes", "notes")]  # fmt: skip
 
 
 def grid_rows(summary: dict[str, Any]) -> list[dict[str, str]]:
@@ -104,25 +138,35 @@ def markdown(summary: dict[str, Any]) -> str:
     confidence = round(100 * summary["interval"]["confidence"])
     model = budget["model"]
     described = ", ".join(f"{k} {v}" for k, v in model.items() if k != "type")
+    parameters = budget.get("parameters")
+    size = (f"{parameters:,} parameters, {budget['tokens_per_parameter']:.1f} tokens per parameter; "
+            if parameters else "")  # fmt: skip
+    final = summary["final_seeds"]
     title = (
         f"# Comparison `{summary['comparison']}`\n\n"
-        f"{model.get('type', 'model').removesuffix('Config')} ({described}) trained for {budget['num_train_steps']} steps of {budget['tokens_per_step']:,} tokens "
-        f"({budget['tokens_per_run'] / 1e6:.3f}M tokens per run), evaluated every {budget['steps_per_eval']} steps; "
-        f"seeds {summary['seeds']} (tuning on {summary['tuning_seeds']}); {summary['where']}, "
-        f"{summary['parallel']} run(s) at a time.\n\n"
-        f"Target: the baseline ({summary['baseline']}) at its best point, mean final val loss "
-        f"**{_number(summary['target_val_loss'])}**. Intervals: {confidence}% paired bootstrap over seeds "
-        f"({summary['interval']['samples']} resamples, seed {summary['interval']['seed']}).\n"
+        f"{model.get('type', 'model').removesuffix('Config')} ({described}; {size}trained for "
+        f"{budget['num_train_steps']} steps of {budget['tokens_per_step']:,} tokens ({budget['tokens_per_run'] / 1e6:.3f}M "
+        f"tokens per run), evaluated every {budget['steps_per_eval']} steps; tuned on seeds {summary['tuning_seeds']}, "
+        f"figures from the final seeds {final} alone; {summary['where']}, {summary['parallel']} run(s) at a time.\n\n"
+        f"Target: the baseline ({summary['baseline']}) at its best point, mean final val loss on the final seeds "
+        f"**{_number(summary['target_val_loss'])}**. Intervals: {confidence}% Student t over the {len(final)} final "
+        f"seeds (n - 1 = {len(final) - 1} degrees of freedom), paired by seed against the baseline; the speed-up's on "
+        "the log scale. Resolvable Δ: the difference interval's half-width, the smallest difference these seeds tell "
+        "from noise.\n"
     )
     if not summary["complete"]:
         title += f"\n**Incomplete**: {len(summary['incomplete_runs'])} run(s) missing; rerun the command to finish.\n"
+    for problem in summary.get("problems", []):
+        title += f"\n**{problem['kind'].replace('_', ' ')}**: {problem['arm']} {problem['run'] or ''}\n"
     parts = [
         title,
-        markdown_table(result_rows(summary), RESULT_COLUMNS),
+        markdown_table(result_rows(summary), result_columns(summary)),
+        *([markdown_table(pair_rows(summary), PAIR_COLUMNS, title="Pairs: an arm against another reference arm, "
+                                                                  "paired by seed")] if summary.get("pairs") else []),
         markdown_table(grid_rows(summary), [("arm", "arm"), ("point", "grid point"),
                                           ("loss", "mean final val loss (tuning seeds)"), ("status", "runs")],
                      title="Tuning: every grid point on the tuning seeds"),  # fmt: skip
-        *([f"Downstream evals ({summary['eval_suite']['suite']}), each arm's best point on every seed:\n\n"
+        *([f"Downstream evals ({summary['eval_suite']['suite']}), each arm's best point on every final seed:\n\n"
            + summary["eval_suite"]["table"]] if summary.get("eval_suite") else []),
         "Definitions:\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in summary["definitions"].items()) + "\n",
         f"Made by `{summary['command']}` with {_versions(summary['versions'])}.\n",
@@ -157,22 +201,22 @@ def plot(summary: dict[str, Any], path: str) -> str:
         _zoom(curves, summary)
     curves.set_xlabel("tokens (millions)")
     curves.set_ylabel("val loss (nats/token)")
-    curves.set_title(f"seed mean at each arm's best point; band: min-max over {len(summary['seeds'])} seeds",
-                     fontsize=9)  # fmt: skip
+    curves.set_title(f"seed mean at each arm's best point; band: min-max over the {len(summary['final_seeds'])} "
+                     "final seeds", fontsize=9)  # fmt: skip
     curves.grid(alpha=0.3)
     curves.legend(fontsize=8)
 
     measured = [n for n in names if "speedup" in summary["arms"][n]]
     confidence = round(100 * summary["interval"]["confidence"])
     _intervals(speedups, measured, summary, colors, "speedup", "speedup_interval", reference=1.0)
-    speedups.set_xlabel(f"speed-up in tokens to the target ({confidence}% CI)")
+    speedups.set_xlabel(f"speed-up in tokens to the target ({confidence}% t interval)")
     speedups.set_title("> 1: reaches the baseline's final loss sooner", fontsize=9)
     _intervals(deltas, measured, summary, colors, "final_val_loss_difference", "final_val_loss_difference_interval",
                reference=0.0)  # fmt: skip
-    deltas.set_xlabel(f"final val loss - the baseline's ({confidence}% CI)")
+    deltas.set_xlabel(f"final val loss - the baseline's ({confidence}% paired t interval)")
     deltas.set_title("< 0: ends lower", fontsize=9)
     fig.suptitle(f"{summary['comparison']}: {summary['budget']['tokens_per_run'] / 1e6:.2f}M tokens per run, "
-                 f"seeds {summary['seeds']}")  # fmt: skip
+                 f"final seeds {summary['final_seeds']}")  # fmt: skip
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -52,8 +52,9 @@ class Outcome:
 
     @property
     def ended(self) -> bool:
-        """Final: a failed run is retried by the next invocation, so it is not."""
-        return self.status in ("ok", "diverged")
+        """Final: a failed run is retried by the next invocation, so it is not; the data running out is the same
+        every time, so it is."""
+        return self.status in ("ok", "diverged", "data_exhausted")
 
 
 @dataclass
@@ -110,7 +111,7 @@ def plan(spec: CompareConfig, outcomes: Mapping[RunKey, Outcome]) -> Plan:
     arms: dict[str, ArmPlan] = {}
     tuning_runs: list[RunKey] = []
     final_runs: list[RunKey] = []
-    final_seeds = [s for s in spec.seeds if s not in spec.tuning_seeds]
+    final_seeds = spec.final_seeds
     for arm in spec.arms:
         arm_plan = _tune(arm, spec.tuning_seeds, spec.tuning.extend_at_edge, outcomes)
         arms[arm.name] = arm_plan

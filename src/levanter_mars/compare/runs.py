@@ -9,6 +9,7 @@ would train the very same run.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -22,8 +23,12 @@ import yaml
 
 from levanter_mars.compare.measure import Curve
 from levanter_mars.compare.plan import Outcome, RunKey, run_id
-from levanter_mars.compare.spec import SCHEDULE_FIELDS, CompareConfig, SpecError
+from levanter_mars.compare.execute import shipped_path
+from levanter_mars.compare.spec import ARM_FIELDS, SCHEDULE_FIELDS, CompareConfig, SpecError
 from levanter_mars.training.errors import ExitCode
+
+#: The training program's code for a run whose lease another launch holds (issue 55; ExitCode.LIVE_ELSEWHERE).
+LIVE_ELSEWHERE = getattr(ExitCode, "LIVE_ELSEWHERE", 8)
 from levanter_mars.training.run.metrics import METRICS_FILENAME, read_metrics
 from levanter_mars.training.run.record_copy import record_url
 from levanter_mars.training.whole_files import write_whole
@@ -65,16 +70,44 @@ class Layout:
 
 def run_config(spec: CompareConfig, base: Mapping[str, Any], layout: Layout, key: RunKey) -> dict[str, Any]:
     """The training config of one run: the base (with the spec's overrides), the arm's optimizer with the point's
-    values and the base's schedule shape, the seed, the run id, and every path in the comparison's directory."""
+    values and the base's schedule shape, the seed, the run id, and every path in the comparison's directory (on a
+    slice, the run's log directory relative to the working directory the launcher ships)."""
     config = deep_merge(base, spec.base_overrides)
-    schedule = {k: v for k, v in config.get("optimizer", {}).items() if k in SCHEDULE_FIELDS}
-    config["optimizer"] = {**spec.arm(key.arm).optimizer, **schedule, **dict(key.point)}
+    config["optimizer"] = {**arm_optimizer(spec, config.get("optimizer", {}), key.arm), **dict(key.point)}
     rid = run_id(spec, key)
-    config = deep_merge(config, {"trainer": {"id": rid, "seed": key.seed, "log_dir": layout.path("runs"),
+    remote = spec.tpu_type is not None and spec.tpu_type != "cpu"
+    log_dir = shipped_path(layout.path("runs")) if remote else layout.path("runs")
+    config = deep_merge(config, {"trainer": {"id": rid, "seed": key.seed, "log_dir": log_dir,
                                              "checkpointer": {"base_path": layout.checkpoint_base}}})  # fmt: skip
     config.pop("data_seed", None)  # the seed decides the data order, for every arm alike
     config["fresh"] = False
     return config
+
+
+def arm_optimizer(spec: CompareConfig, base_optimizer: Mapping[str, Any], arm_name: str) -> dict[str, Any]:
+    """An arm's optimizer section before its grid point: the base's schedule shape, the arm's own fields, and the base's
+    other fields as ``spec.base_optimizer_fields`` says (refused unless dropped or kept)."""
+    arm = spec.arm(arm_name)
+    schedule = {k: v for k, v in base_optimizer.items() if k in SCHEDULE_FIELDS}
+    others = {k: v for k, v in base_optimizer.items() if k not in SCHEDULE_FIELDS and k not in ARM_FIELDS}
+    if others and spec.base_optimizer_fields == "refuse":
+        raise SpecError(
+            f"base: optimizer.{next(iter(sorted(others)))}: the base config's optimizer sets {sorted(others)}, which "
+            "are neither the schedule's shape nor the arms' type and learning rate; say what they do: "
+            "base_optimizer_fields: drop (each arm's optimizer is what the arm says) or keep (every arm's default)"
+        )
+    kept = others if spec.base_optimizer_fields == "keep" else {}
+    if kept:
+        from levanter.optim import OptimizerConfig
+
+        import levanter_mars.optim.levanter_config  # noqa: F401  (the mars-* types)
+
+        fields = {f.name for f in dataclasses.fields(OptimizerConfig.get_choice_class(arm.optimizer["type"]))}
+        lacking = sorted(set(kept) - fields)
+        if lacking:
+            raise SpecError(f"base: optimizer.{lacking[0]}: base_optimizer_fields: keep, and arm {arm.name}'s "
+                            f"optimizer ({arm.optimizer['type']}) has no {lacking[0]}")  # fmt: skip
+    return {**kept, **arm.optimizer, **schedule}
 
 
 def config_digest(config: Mapping[str, Any], overrides: Sequence[str]) -> str:
@@ -92,8 +125,9 @@ class RunRecord:
     point: dict[str, Any]
     seed: int
     status: str
-    """``ok``, ``diverged`` (a non-finite stop, exit 3, or a non-finite eval loss), ``failed`` (retried by the next
-    invocation) or ``config_error``."""
+    """``ok``, ``diverged`` (a non-finite stop, exit 3, or a non-finite eval loss), ``data_exhausted`` (exit 4: the
+    data ran out before the budget; the same every time, so not retried), ``failed`` (retried by the next invocation),
+    ``config_error`` or ``live_elsewhere`` (its lease is held by another launch)."""
     exit_code: Optional[int]
     config_digest: str
     seconds: Optional[float]
@@ -138,12 +172,15 @@ class RunResult:
     seconds_per_token: Optional[float]
 
 
+#: A run's own decided codes and what the comparison records for them (a crash, a kill or a lost host: ``failed``).
+DECIDED = {ExitCode.NONFINITE_STOP: "diverged", ExitCode.CONFIG_ERROR: "config_error",
+           ExitCode.DATA_EXHAUSTED: "data_exhausted", LIVE_ELSEWHERE: "live_elsewhere"}  # fmt: skip
+
+
 def status_of(exit_code: Optional[int], result: Optional[RunResult], num_train_steps: int) -> str:
     """How a run ended, from its exit code and its metrics."""
-    if exit_code == ExitCode.NONFINITE_STOP:
-        return "diverged"
-    if exit_code == ExitCode.CONFIG_ERROR:
-        return "config_error"
+    if exit_code in DECIDED:
+        return DECIDED[exit_code]
     if exit_code != 0 or result is None or result.steps < num_train_steps or not result.curve.losses:
         return "failed"
     return "diverged" if any(v is None for v in result.curve.losses) else "ok"

@@ -23,6 +23,11 @@ class SpecError(ValueError):
     """A bad comparison spec or command line: the message names the field or file."""
 
 
+#: What the base config's other optimizer fields do (``CompareConfig.base_optimizer_fields``).
+BASE_OPTIMIZER_POLICIES = ("refuse", "drop", "keep")
+#: Base optimizer fields every arm sets itself: not the base's to keep, refuse or drop.
+ARM_FIELDS = ("type", "learning_rate")
+
 #: Optimizer fields that make the learning-rate schedule's shape: the base config's, for every arm.
 SCHEDULE_FIELDS = ("warmup", "decay", "rewarmup", "cooldown", "cycle_length", "cycles", "lr_schedule", "haps",
                    "min_lr_ratio")  # fmt: skip
@@ -41,9 +46,9 @@ class ArmConfig:
 
 @dataclass(frozen=True)
 class TuningConfig:
-    seeds: Optional[list[int]] = None
-    """The seeds every grid point is trained on; the arm's best point is then trained on the remaining seeds.
-    Default: the first seed."""
+    seeds: list[int] = field(default_factory=lambda: [0])
+    """The seeds every grid point is trained on. None of them is a final seed: a figure from a seed the tuning chose
+    on would favour the arms with the bigger grids (the winner's curse)."""
     extend_at_edge: int = 0
     """When an arm's best point has the largest or smallest learning rate of its grid, add the next point past that
     edge (the grid's ratio) and tune again, at most this many times per arm. 0: report the edge, extend nothing."""
@@ -52,9 +57,7 @@ class TuningConfig:
 @dataclass(frozen=True)
 class IntervalConfig:
     confidence: float = 0.95
-    samples: int = 10000
-    """Bootstrap resamples of the seeds (paired: one seed is one initialization and one data order for every arm)."""
-    seed: int = 0
+    """Of every interval (Student t over the final seeds, paired where two arms are compared: ``compare.measure``)."""
 
 
 @dataclass(frozen=True)
@@ -69,9 +72,20 @@ class CompareConfig:
     baseline: str = "adamw"
     """The arm every other is measured against; its tuned best point sets the target loss."""
     arms: list[ArmConfig] = field(default_factory=list)
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    final_seeds: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
+    """The seeds each arm's best point is trained on: every figure comes from them, none is a tuning seed."""
     tuning: TuningConfig = field(default_factory=TuningConfig)
     interval: IntervalConfig = field(default_factory=IntervalConfig)
+    pairs: list[list[str]] = field(default_factory=list)
+    """More comparisons, each ``[arm, reference]`` measured like an arm against the baseline (``[mars-m, muon]``: does
+    MARS's correction pay over Muon?)."""
+    final_runs_may_diverge: bool = False
+    """A best point whose final run diverges loses that arm's figures, and the command exits 3 (named in
+    compare.md); with true it exits 0. The baseline diverging is an error either way (no target)."""
+    base_optimizer_fields: str = "refuse"
+    """The base config's optimizer fields besides its type, learning rate and schedule shape: ``refuse`` them (the
+    error names them), ``drop`` them (every arm's optimizer is what the arm says) or ``keep`` them as every arm's
+    default (an arm's own value wins; a field an arm's optimizer lacks is refused)."""
     eval_suite: Optional[str] = None
     """An eval suite (``config/eval/quick.yaml``) run on each arm's final checkpoints, in one table. Relative paths
     are the spec's, like ``base``."""
@@ -98,7 +112,12 @@ class CompareConfig:
 
     @property
     def tuning_seeds(self) -> list[int]:
-        return list(self.tuning.seeds) if self.tuning.seeds is not None else list(self.seeds[:1])
+        return list(self.tuning.seeds)
+
+    @property
+    def seeds(self) -> list[int]:
+        """Every seed of the comparison: the tuning seeds, then the final ones."""
+        return [*self.tuning_seeds, *self.final_seeds]
 
     def arm(self, name: str) -> ArmConfig:
         return next(a for a in self.arms if a.name == name)
@@ -134,17 +153,25 @@ def check(spec: CompareConfig) -> None:
             f"arms[{names.index(spec.baseline)}].grid.learning_rate: the baseline ({spec.baseline}) is tuned on the "
             f"comparison's own budget, so its grid needs at least 2 learning rates, got {baseline_rates}"
         )
-    if not spec.seeds or len(set(spec.seeds)) != len(spec.seeds):
-        raise SpecError(f"seeds: at least one seed, each once, got {spec.seeds}")
-    unknown = [s for s in spec.tuning_seeds if s not in spec.seeds]
-    if not spec.tuning_seeds or unknown or len(set(spec.tuning_seeds)) != len(spec.tuning_seeds):
-        raise SpecError(f"tuning.seeds must be some of seeds {spec.seeds}, each once, got {spec.tuning_seeds}")
+    if len(spec.final_seeds) < 2 or len(set(spec.final_seeds)) != len(spec.final_seeds):
+        raise SpecError(f"final_seeds: at least 2 seeds (an interval needs a spread), each once, got "
+                        f"{spec.final_seeds}")  # fmt: skip
+    if not spec.tuning_seeds or len(set(spec.tuning_seeds)) != len(spec.tuning_seeds):
+        raise SpecError(f"tuning.seeds: at least one seed, each once, got {spec.tuning_seeds}")
+    shared = sorted(set(spec.tuning_seeds) & set(spec.final_seeds))
+    if shared:
+        raise SpecError(f"final_seeds and tuning.seeds must be disjoint, and {shared} is in both: a figure from a seed "
+                        "the tuning chose on favours the arms with bigger grids")  # fmt: skip
+    for i, pair in enumerate(spec.pairs):
+        if len(pair) != 2 or pair[0] == pair[1] or any(p not in names for p in pair):
+            raise SpecError(f"pairs[{i}]: two different arms [arm, reference] of {names}, got {pair}")
+    if spec.base_optimizer_fields not in BASE_OPTIMIZER_POLICIES:
+        raise SpecError(f"base_optimizer_fields must be one of {BASE_OPTIMIZER_POLICIES}, got "
+                        f"{spec.base_optimizer_fields!r}")  # fmt: skip
     if spec.tuning.extend_at_edge < 0:
         raise SpecError(f"tuning.extend_at_edge must be >= 0, got {spec.tuning.extend_at_edge}")
     if not 0 < spec.interval.confidence < 1:
         raise SpecError(f"interval.confidence must be in (0, 1), got {spec.interval.confidence}")
-    if spec.interval.samples < 1:
-        raise SpecError(f"interval.samples must be >= 1, got {spec.interval.samples}")
     if spec.parallel < 1:
         raise SpecError(f"parallel must be >= 1, got {spec.parallel}")
     if spec.tpu_type is None and (spec.num_hosts != 1 or spec.devices_per_host is not None or spec.num_slices != 1):
@@ -189,6 +216,7 @@ def parse(argv: Sequence[str]) -> tuple[CompareConfig, list[str], str]:
         raise SpecError("--config_path is required: a comparison spec (config/compare/*.yaml)")
     if not os.path.exists(path):
         raise SpecError(f"--config_path: no such file {path!r}")
+    _refuse_renamed_fields(path)
     try:
         with argparse_errors_raise(SpecError):
             spec = draccus.parse(CompareConfig, config_path=path, args=_without_config_path(argv))
@@ -213,6 +241,27 @@ def _check_overrides(overrides: Sequence[str]) -> None:
                 f"override {arg}: the comparison sets the optimizer, seed and run id of every run (use the arms, "
                 "seeds and name of the spec)"
             )
+
+
+#: Fields an earlier spec had: their new names (a spec of before is refused naming them, never read otherwise).
+RENAMED = {
+    "seeds": "final_seeds (the seeds of the figures) and tuning.seeds (default [0]), disjoint",
+    "interval.samples": "nothing: intervals are Student t over the final seeds (compare.measure)",
+    "interval.seed": "nothing: intervals are Student t over the final seeds (compare.measure)",
+}
+
+
+def _refuse_renamed_fields(path: str) -> None:
+    with open(path) as f:
+        try:
+            raw = yaml.load(f, Loader=SafeLoaderWithInclusion)
+        except yaml.YAMLError:
+            return  # draccus names the error
+    if not isinstance(raw, dict):
+        return
+    present = [k for k in RENAMED if (k in raw if "." not in k else k.split(".")[1] in (raw.get("interval") or {}))]
+    if present:
+        raise SpecError(f"{path}: {present[0]}: this field is gone; use {RENAMED[present[0]]}")
 
 
 def _config_path(argv: Sequence[str]) -> Optional[str]:

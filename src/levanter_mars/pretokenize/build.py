@@ -21,7 +21,7 @@ from typing import Callable, Optional
 from levanter_mars import versions
 from levanter_mars.pretokenize.assemble import Assembler, read_ledger, remove_units, write_ledger
 from levanter_mars.pretokenize.dataset_repo import DatasetRepo
-from levanter_mars.pretokenize.errors import StorageTrouble
+from levanter_mars.pretokenize.errors import SourceError, StorageTrouble
 from levanter_mars.pretokenize.mirror import MirroredFile, join, mirror
 from levanter_mars.pretokenize.options import PretokenizeOptions
 from levanter_mars.pretokenize.progress import Progress
@@ -123,8 +123,9 @@ def _plan(source: SplitSource, mirrored: list[MirroredFile], options: Pretokeniz
             return [Unit.from_json(u) for u in stored["units"]]
         ledger = read_ledger(source.split_dir)
         if ledger is not None and ledger.finished_shards:
-            raise StorageTrouble(f"{source.split_dir}: a build in progress there was planned from other files than "
-                                 f"{source.mirror_dir} holds now; --data.rebuild_cache true moves it aside")  # fmt: skip
+            raise SourceError(f"{source.split_dir}: a build in progress there was planned from other files than "
+                              f"{source.mirror_dir} holds now (the dataset changed); --data.rebuild_cache true moves "
+                              "it aside")  # fmt: skip
     units = plan_units(mirrored, text_key=source.text_key, unit_bytes=options.unit_bytes, field=source.field)
     write_whole(path, json.dumps({"files": files, "unit_bytes": options.unit_bytes,
                                   "units": [u.to_json() for u in units]}, indent=1))  # fmt: skip

@@ -304,3 +304,18 @@ def test_pretokenize_names_missing_data(tmp_path, pydocs_corpus):
     proc = run_python("scripts/pretokenize.py", "--config_path", str(config), timeout=300)
     assert proc.returncode == 2 and "data.train_urls[0]" in proc.stderr
 
+
+
+def test_a_build_from_files_that_changed_is_refused_or_set_aside_with_rebuild_cache(tmp_path, pydocs_corpus, standin,
+                                                                                    capsys):  # fmt: skip
+    folder = copy_standin(standin[0], tmp_path / "changing")
+    config = hub_config(tmp_path, pydocs_corpus, str(folder))
+    assert cli(["--config_path", str(config), "--serial", "true", *SMALL_UNITS]) == 0
+    changed = standin_files(folder)[1]
+    table = pq.read_table(changed)
+    pq.write_table(table.slice(0, table.num_rows - 1), changed)  # a new revision of the dataset: a row fewer
+    assert cli(["--config_path", str(config), "--serial", "true"]) == 2
+    assert "was planned from other files than" in capsys.readouterr().err
+    assert cli(["--config_path", str(config), "--serial", "true", "--data.rebuild_cache", "true"]) == 0
+    assert _record(_split_dir(tmp_path))["documents"] == 599
+    assert list((tmp_path / "cache" / "fineweb_edu").glob("train.old-*"))  # the first build kept aside

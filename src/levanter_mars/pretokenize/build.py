@@ -28,7 +28,7 @@ from levanter_mars.pretokenize.progress import Progress
 from levanter_mars.pretokenize.units import Unit, plan_units
 from levanter_mars.pretokenize.verify import VerificationFailed, verify
 from levanter_mars.pretokenize.worker import TokenizeJob, UnitResult, completed, done_markers
-from levanter_mars.training.whole_files import read_json, write_whole
+from levanter_mars.training.whole_files import read_json, read_whole, write_whole
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,8 @@ class SplitSource:
     mirror_dir: str
     text_key: str
     processor: object
+    rebuild: bool = False
+    """``data.rebuild_cache``: a build in progress from other files is moved aside (kept) instead of refused."""
 
 
 @dataclass
@@ -122,7 +124,16 @@ def _plan(source: SplitSource, mirrored: list[MirroredFile], options: Pretokeniz
         if stored.get("files") == files:
             return [Unit.from_json(u) for u in stored["units"]]
         ledger = read_ledger(source.split_dir)
-        if ledger is not None and ledger.finished_shards:
+        if ledger is not None and ledger.finished_shards and source.rebuild:
+            from levanter_mars.training.data.cache_check import set_aside_cache
+            from levanter_mars.training.data.provenance import RECORD_FILE
+
+            record = read_whole(join(source.split_dir, RECORD_FILE))
+            logger.warning("data.rebuild_cache=true: moved the build from other files at %s to %s", source.split_dir,
+                           set_aside_cache(source.split_dir))  # fmt: skip
+            if record is not None:  # what the new build is built from is recorded as before it
+                write_whole(join(source.split_dir, RECORD_FILE), record)
+        elif ledger is not None and ledger.finished_shards:
             raise SourceError(f"{source.split_dir}: a build in progress there was planned from other files than "
                               f"{source.mirror_dir} holds now (the dataset changed); --data.rebuild_cache true moves "
                               "it aside")  # fmt: skip

@@ -52,7 +52,7 @@ def hub_splits(data, options: PretokenizeOptions) -> list[HubSplit]:
                               "files")  # fmt: skip
         mirror_dir = options.mirror_dir or join(split_dir.rstrip("/").rsplit("/", 1)[0], "mirror")
         out.append(HubSplit(SplitSource(field, repo, component.name, split, split_dir, mirror_dir, text_key,
-                                        processor), files))  # fmt: skip
+                                        processor, getattr(data, "rebuild_cache", False)), files))  # fmt: skip
     return out
 
 

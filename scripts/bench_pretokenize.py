@@ -55,7 +55,8 @@ def build(config: Path, cache: Path, workers: int, unit_bytes: int) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"build with {workers} worker(s) failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     record = json.loads((cache / "fineweb_edu" / "train" / "build.json").read_text())
-    return {"workers": workers, "command_seconds": wall, "rate": record["rate"], "seconds": record["seconds"],
+    stored = sum(f.stat().st_size for f in (cache / "fineweb_edu" / "train" / "input_ids").rglob("*") if f.is_file())
+    return {"cache_bytes": stored, "cache_bytes_per_token": stored / record["tokens"],"workers": workers, "command_seconds": wall, "rate": record["rate"], "seconds": record["seconds"],
             "units": record["units"], "tokens": record["tokens"], "executor": record["executor"],
             "per_unit_tokens": [u["tokens"] for u in record["per_unit"]]}  # fmt: skip
 

@@ -121,3 +121,16 @@ def test_the_baseline_against_itself_is_a_tie_with_speedup_one():
 def test_time_speedup_weighs_the_token_speedup_by_seconds_per_token():
     assert time_speedup(2.0, 1e-3, 2e-3) == pytest.approx(1.0)
     assert time_speedup(None, 1e-3, 2e-3) is None and time_speedup(2.0, None, 1e-3) is None
+
+
+def test_a_target_reached_at_the_first_evaluation_gives_a_lower_bound_and_no_interval():
+    ahead = [curve(4.9, 4.8, 4.7, 4.6), curve(5.0, 4.9, 4.8, 4.7), curve(4.95, 4.85, 4.75, 4.65)]
+    figures = measure_arm(BASELINE, ahead, [1, 2, 3], confidence=0.95)
+    assert figures.speedup_is_lower_bound and figures.speedup == pytest.approx(4.0)
+    assert figures.speedup_interval.as_list() == [None, None] and "lower bound" in figures.speedup_interval.method
+
+
+def test_seeds_that_agree_exactly_have_no_t_interval():
+    assert t_interval([0.2, 0.2, 0.2], 0.95).as_list() == [None, None]
+    assert "no spread" in t_interval([0.2, 0.2, 0.2], 0.95).method
+    assert seeds_to_resolve([0.2, 0.2], 0.95) is None

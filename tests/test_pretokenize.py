@@ -319,3 +319,71 @@ def test_a_build_from_files_that_changed_is_refused_or_set_aside_with_rebuild_ca
     assert cli(["--config_path", str(config), "--serial", "true", "--data.rebuild_cache", "true"]) == 0
     assert _record(_split_dir(tmp_path))["documents"] == 599
     assert list((tmp_path / "cache" / "fineweb_edu").glob("train.old-*"))  # the first build kept aside
+
+
+def test_tokens_of_a_unit_from_an_earlier_version_of_a_file_are_never_used(tmp_path, pydocs_corpus, standin):
+    """Killed after the first unit was tokenized and before anything reached the cache; the dataset then republishes
+    a document of that unit (the same row groups): the rerun tokenizes it again, and the cache holds the new text."""
+    folder = copy_standin(standin[0], tmp_path / "republished")
+    config = hub_config(tmp_path, pydocs_corpus, str(folder))
+    kill = ("import os, signal\nimport levanter_mars.pretokenize.assemble as a\n"
+            "a.Assembler.append_ready = lambda self, results: os.kill(os.getpid(), signal.SIGKILL)\n")  # fmt: skip
+    code = kill + "import sys\nfrom levanter_mars.main.pretokenize import cli\nsys.exit(cli(sys.argv[1:]))"
+    killed = run_python("-c", code, "--config_path", str(config), "--serial", "true", *SMALL_UNITS, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    split_dir = _split_dir(tmp_path)
+    assert list((split_dir / "build" / "units").glob("*/done-*.json"))  # the first unit's tokens, now stale
+    first = standin_files(folder)[0]
+    table = pq.read_table(first)
+    texts = table.column("text").to_pylist()
+    texts[10] = "A republished document, its text all new. " * 20
+    rows = pq.ParquetFile(first).metadata.row_group(0).num_rows
+    pq.write_table(table.set_column(0, "text", pa.array(texts)), first, row_group_size=rows)
+    assert cli(["--config_path", str(config), "--serial", "true", *SMALL_UNITS]) == 0
+    record = _record(split_dir)
+    assert record["units_tokenized_now"] == record["units"]
+    from levanter_mars.program_config import parse_train_config
+    from levanter.data.text import preprocessor_for_format
+
+    data = parse_train_config(["--config_path", str(config)]).data
+    processor = preprocessor_for_format(data.configs["fineweb_edu"].format, data.the_tokenizer, enforce_bos=True,
+                                        enforce_eos=data.enforce_eos)  # fmt: skip
+    offsets, tokens = cache_arrays(str(split_dir))
+    row = tokens[offsets[9] : offsets[10]]
+    assert row.tolist() == processor([{"text": texts[10]}])[0]["input_ids"]
+
+
+def test_files_are_listed_in_the_order_datasets_streams_several_patterns(tmp_path):
+    """A split of two patterns, the second sorting first, and a hidden file: the order of the card's patterns, each
+    sorted, hidden files left out, as ``datasets`` resolves them."""
+    import datasets
+
+    from levanter_mars.pretokenize.standin import SCHEMA, _rows
+
+    folder = tmp_path / "two-patterns"
+    for sub in ("a", "b"):
+        (folder / sub).mkdir(parents=True)
+        pq.write_table(pa.Table.from_pydict(_rows([f"from {sub}"], 0, 0), schema=SCHEMA), folder / sub / "x.parquet")
+    (folder / "a" / ".x.parquet.crc").write_bytes(b"not data")
+    (folder / "README.md").write_text("---\nconfigs:\n- config_name: both\n  data_files:\n  - split: train\n"
+                                      "    path: [b/*, a/*]\n---\n")  # fmt: skip
+    listed = [f.path for f in DatasetRepo(str(folder), field=FIELD).files("both", "train")]
+    streamed = [r["text"] for r in datasets.load_dataset(str(folder), name="both", split="train", streaming=True)]
+    assert listed == ["b/x.parquet", "a/x.parquet"] and streamed == ["from b", "from a"]
+
+
+def test_a_cache_that_fails_its_check_is_cut_back_and_the_rerun_mends_it(tmp_path, pydocs_corpus, standin, reference):
+    """A worker writes one wrong token (a host with another tokenizer, say): the check finds it (exit 5, naming the
+    unit and row), the cache is cut back and the suspect units' tokens removed; the rerun tokenizes them again."""
+    folder, _ = standin
+    config = hub_config(tmp_path, pydocs_corpus, str(folder))
+    wrong = ("import numpy as np\nimport levanter_mars.pretokenize.worker as w\n_f = w._flush\n"
+             "def flush(pending, *rest):\n    if pending:\n        pending[0] = pending[0].copy()\n"
+             "        pending[0][1] = (pending[0][1] + 1) % 4000\n    return _f(pending, *rest)\nw._flush = flush\n")  # fmt: skip
+    code = wrong + "import sys\nfrom levanter_mars.main.pretokenize import cli\nsys.exit(cli(sys.argv[1:]))"
+    bad = run_python("-c", code, "--config_path", str(config), "--serial", "true", *SMALL_UNITS, timeout=300)
+    assert bad.returncode == 5, bad.stderr[-2000:]
+    assert "the cache failed its check: unit 00000-00000" in bad.stderr and "which differ from token 1" in bad.stderr
+    assert cli(["--config_path", str(config), "--serial", "true", *SMALL_UNITS]) == 0
+    offsets, tokens = cache_arrays(str(_split_dir(tmp_path)))
+    assert np.array_equal(offsets, reference[0]) and np.array_equal(tokens, reference[1])

@@ -96,3 +96,23 @@ def test_a_driver_killed_in_the_middle_of_the_build_is_finished_by_the_rerun(tmp
         record["units"] - record["units_done_before"]  # fmt: skip
     offsets, tokens = cache_arrays(str(split_dir))
     assert np.array_equal(offsets, reference[0]) and np.array_equal(tokens, reference[1])
+
+
+def test_sigterm_stops_a_ray_build_with_exit_130_and_leaves_no_ray_process(tmp_path, pydocs_corpus, material):
+    """Ray's own SIGTERM handler would abort the driver (exit 134) and leave its daemons; the data step's stop runs
+    instead: exit 130, Ray shut down, and the rerun finishes."""
+    folder, reference = material
+    config = hub_config(tmp_path, pydocs_corpus, str(folder))
+    split_dir = tmp_path / "cache" / "fineweb_edu" / "train"
+    build = _start(config)
+    assert _wait_for(lambda: len(_markers(split_dir)) >= 1), "no unit finished"
+    os.kill(build.pid, signal.SIGTERM)
+    out, err = build.communicate(timeout=120)
+    assert build.returncode == 130, err[-3000:]
+    assert "interrupted: rerun the same command to finish" in err
+    assert _wait_for(lambda: not _workers(), timeout=60), "Ray's workers outlived the stop"
+    rerun = _start(config)
+    _, err = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, err[-3000:]
+    offsets, tokens = cache_arrays(str(split_dir))
+    assert np.array_equal(offsets, reference[0]) and np.array_equal(tokens, reference[1])

@@ -180,3 +180,32 @@ def test_no_module_hand_rolls_its_own_swap():
     hand_rolled = [f"{p.relative_to(SRC.parent)}:{n}" for p in sorted(SRC.rglob("*.py")) if p.resolve() not in allowed
                    for n, line in enumerate(p.read_text().splitlines(), 1) if "os.replace(" in line]  # fmt: skip
     assert not hand_rolled, hand_rolled
+
+
+@pytest.mark.parametrize("size", [10, 6 << 20])  # below gcsfs's first block (no upload started yet), and past it
+def test_a_stream_that_fails_leaves_no_object_in_a_bucket(gs, gcs, size):
+    import gc
+
+    from levanter_mars.training.whole_files import open_whole
+
+    url = gcs.gs("whole-files", f"failed-{size}.bin")
+    with pytest.raises(RuntimeError):
+        with open_whole(url) as f:
+            f.write(b"x" * size)
+            raise RuntimeError("the copy stops")
+    gc.collect()  # a file object collected would still close, and put what it holds
+    assert not gs.exists(url)
+    with open_whole(url) as f:
+        f.write(b"whole")
+    assert gs.cat(url) == b"whole"
+
+
+def test_a_stream_that_fails_leaves_no_object_in_memory():
+    from levanter_mars.training.whole_files import open_whole
+
+    fs = fsspec.filesystem("memory")
+    with pytest.raises(RuntimeError):
+        with open_whole("memory://whole-files-stream/partial.bin") as f:
+            f.write(b"partial")
+            raise RuntimeError("the copy stops")
+    assert not fs.exists("/whole-files-stream/partial.bin")

@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+import yaml
 from levanter.data.text import LMMixtureDatasetConfig, preprocessor_for_format
 from levanter.store.cache import CacheMetadata, SerialCacheWriter
 
@@ -64,3 +65,28 @@ def test_a_source_without_a_finished_cache_still_goes_to_levanter(tmp_path, pydo
         data.build_caches("validation")
     unweighted = dataclasses.replace(data, train_weights={"fineweb_edu": 0.0})
     assert unweighted.build_caches("train") == {}  # Levanter neither builds nor loads an unweighted train cache
+
+
+def test_a_single_dataset_config_loads_its_finished_cache_without_the_hub_too(tmp_path, pydocs_corpus, offline_hub):
+    """``data: {id: ..., name: ...}`` (no mixture): Levanter's train_set and validation_set go through
+    ``build_or_load_cache``, which opens the source first as ``build_caches`` does."""
+    from levanter.data.text import HfSingleDatasetLMConfig
+
+    config_path = hub_config(tmp_path, pydocs_corpus, HUB_ID)
+    raw = yaml.safe_load(config_path.read_text())
+    raw["data"] = {"id": HUB_ID, "name": "sample-100BT", "cache_dir": str(tmp_path / "single"),
+                   "tokenizer": str(pydocs_corpus / "tokenizer")}  # fmt: skip
+    config_path.write_text(yaml.safe_dump(raw))
+    data = parse_train_config(["--config_path", str(config_path)]).data
+    processor = preprocessor_for_format(data.format, data.the_tokenizer, enforce_bos=True,
+                                        enforce_eos=data.enforce_eos)  # fmt: skip
+    with SerialCacheWriter(str(tmp_path / "single" / "train"), processor.output_exemplar,
+                           metadata=CacheMetadata(preprocessor_metadata=processor.metadata)) as writer:  # fmt: skip
+        writer.write_batch(processor([{"text": f"document {i}"} for i in range(3)]))
+    (tmp_path / "single" / "validation").mkdir()
+    (tmp_path / "single" / "validation" / ABSENT_SPLIT).write_text("{}")
+    with pytest.raises(HubReached):
+        HfSingleDatasetLMConfig.build_or_load_cache(data, "train")
+    assert len(data.build_or_load_cache("train")) == 3
+    assert data.build_or_load_cache("validation") is None
+    assert list(data.build_caches("train")) == [""]

@@ -106,8 +106,14 @@ class Pool:
         log.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command)}\n")
         log.flush()
         # Its own process group: Ctrl-C here stops the comparison, which then stops its runs (and their children).
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.running[key] = Running(key, run_id, process, log, time.monotonic(), metrics_path, num_steps)
+        # A stop between starting it and knowing it would leave it training: the stops wait until it is known.
+        stops = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+        try:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.running[key] = Running(key, run_id, process, log, time.monotonic(), metrics_path, num_steps)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     def wait(self, done: int, total: int) -> list[Ended]:
         """Blocks until a run ends; prints progress meanwhile."""
@@ -140,14 +146,21 @@ class Pool:
             self.report(line)
             self._last_line = (line, time.monotonic())
 
-    def stop_all(self) -> None:
+    def stop_all(self, grace_s: float = 30.0) -> None:
+        """SIGTERM to every run's process group, then SIGKILL to those still there ``grace_s`` later (one grace for
+        all of them)."""
         for run in self.running.values():
             _stop(run.process)
+        deadline = time.monotonic() + grace_s
         for run in self.running.values():
             try:
-                run.process.wait(timeout=30)
+                run.process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(run.process.pid, signal.SIGKILL)
+                try:
+                    os.killpg(run.process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                run.process.wait()
             run.log.close()
         self.running.clear()
 

@@ -86,6 +86,7 @@ T_DIFFERENCE = "paired Student t over the per-seed differences (n - 1 degrees of
 T_MEAN = "Student t over the per-seed values (n - 1 degrees of freedom)"
 T_LOG_SPEEDUP = "Student t over the per-seed log speed-ups (n - 1 degrees of freedom), exponentiated"
 NO_INTERVAL = "none: one seed has no spread"
+NO_SPREAD = "none: the seeds agree exactly (no spread to make a t interval of)"
 
 
 def t_quantile(confidence: float, n: int) -> float:
@@ -100,7 +101,9 @@ def t_interval(values: Sequence[float], confidence: float, method: str = T_MEAN)
     the values would not: with 3 seeds the range covers the mean about 75% of the time)."""
     n = len(values)
     if n < 2:
-        return Interval(None, None, method)
+        return Interval(None, None, NO_INTERVAL)
+    if statistics.stdev(values) == 0:
+        return Interval(None, None, NO_SPREAD)
     mean, half = statistics.fmean(values), half_width(values, confidence)
     return Interval(mean - half, mean + half, method)
 
@@ -113,7 +116,7 @@ def seeds_to_resolve(values: Sequence[float], confidence: float, limit: int = 10
     """The fewest seeds whose interval, at this spread, would leave out 0 for a mean difference this large (None: no
     difference, or more than ``limit``)."""
     mean, sd = abs(statistics.fmean(values)), statistics.stdev(values) if len(values) > 1 else 0.0
-    if mean == 0:
+    if mean == 0 or sd == 0:
         return None
     for n in range(2, limit + 1):
         if t_quantile(confidence, n) * sd / math.sqrt(n) < mean:
@@ -143,6 +146,8 @@ class ArmMeasure:
     speedup: Optional[float]
     """Geometric mean of the per-seed speed-ups (None unless every seed reaches the target)."""
     speedup_interval: Interval
+    speedup_is_lower_bound: bool = False
+    """A seed reached the target at its first evaluation: the speed-up is at least ``speedup``, and has no interval."""
 
 
 def target_of(baseline: Sequence[Curve]) -> float:
@@ -160,6 +165,13 @@ def seed_speedup(reference: Curve, arm: Curve) -> Optional[float]:
     return speedup(tokens_to_target(reference, target), tokens_to_target(arm, target))
 
 
+def reached_at_first_evaluation(reference: Curve, arm: Curve) -> bool:
+    """The arm was at the reference's final loss by its first evaluation: when, before it, is not measured, so its
+    speed-up is only known to be at least the one computed."""
+    return reference.final is not None and arm.losses[:1] != () and arm.losses[0] is not None and \
+        arm.losses[0] <= reference.final  # fmt: skip
+
+
 def measure_arm(reference: Sequence[Curve], arm: Sequence[Curve], seeds: Sequence[int], *,
                 confidence: float) -> ArmMeasure:  # fmt: skip
     """``reference[i]`` and ``arm[i]`` are the runs of ``seeds[i]``, each at its arm's best point."""
@@ -172,7 +184,13 @@ def measure_arm(reference: Sequence[Curve], arm: Sequence[Curve], seeds: Sequenc
     speedups = [seed_speedup(r, a) for r, a in zip(reference, arm)]
     reached = [s for s in speedups if s is not None]
     logs = [math.log(s) for s in reached]
-    if len(reached) == len(speedups) and len(reached) >= 2:
+    early = sum(reached_at_first_evaluation(r, a) for r, a in zip(reference, arm))
+    if early and len(reached) == len(speedups):
+        speedup_interval = Interval(None, None, f"none: {early} of {len(speedups)} seeds reach the target at the first "
+                                                "evaluation, so the speed-up is a lower bound")  # fmt: skip
+    elif len(reached) == len(speedups) and len(reached) >= 2 and statistics.stdev(logs) == 0:
+        speedup_interval = Interval(None, None, NO_SPREAD)
+    elif len(reached) == len(speedups) and len(reached) >= 2:
         low, high = t_interval(logs, confidence, T_LOG_SPEEDUP).as_list()
         speedup_interval = Interval(math.exp(low), math.exp(high), T_LOG_SPEEDUP)
     elif len(reached) < len(speedups):
@@ -187,12 +205,13 @@ def measure_arm(reference: Sequence[Curve], arm: Sequence[Curve], seeds: Sequenc
         differences=tuple(differences),
         final_loss_difference=statistics.fmean(differences),
         final_loss_difference_interval=t_interval(differences, confidence, T_DIFFERENCE),
-        resolvable_difference=half_width(differences, confidence) if len(differences) > 1 else math.inf,
+        resolvable_difference=half_width(differences, confidence) if len(differences) > 1 else math.inf,  # 0: no spread
         seeds_to_resolve=seeds_to_resolve(differences, confidence),
         tokens_to_target=tokens_to_target(mean_curve(arm), target_of(reference)),
         speedups=tuple(speedups),
         speedup=math.exp(statistics.fmean(logs)) if reached and len(reached) == len(speedups) else None,
         speedup_interval=speedup_interval,
+        speedup_is_lower_bound=bool(early),
     )
 
 

@@ -32,7 +32,7 @@ def _number(value: Optional[float], digits: int = 4) -> str:
 
 
 def _interval(bounds: Optional[Sequence[Optional[float]]], digits: int = 4, low_none: str = "–") -> str:
-    if not bounds:
+    if not bounds or bounds == [None, None]:
         return ""
     low, high = bounds
     return f"[{low_none if low is None else f'{low:.{digits}f}'}, {_number(high, digits)}]"
@@ -54,7 +54,7 @@ def _notes(name: str, arm: dict) -> list[str]:
         notes.append("every point diverged")
     if arm.get("diverged_final_runs"):
         notes.append("**diverged on a final seed**: " + ", ".join(arm["diverged_final_runs"]))
-    elif not arm.get("final_runs_complete"):
+    elif not arm.get("final_runs_complete", "final_val_loss_difference" in arm):
         notes.append("incomplete")
     if arm.get("within_noise"):
         needed = arm.get("seeds_to_resolve")
@@ -70,7 +70,8 @@ def _figure_row(label: str, figures: dict, reference_final: bool = True) -> dict
                   + _interval(figures.get("final_val_loss_difference_interval"))) if measured else "–",
         "resolvable": _number(figures.get("resolvable_difference")) if measured else "–",
         "tokens": _tokens(figures.get("tokens_to_target")) if measured else "–",
-        "speedup": (_number(figures.get("speedup"), 2) + " " + _interval(figures.get("speedup_interval"), 2))
+        "speedup": (("≥ " if figures.get("speedup_is_lower_bound") else "") + _number(figures.get("speedup"), 2)
+                    + " " + _interval(figures.get("speedup_interval"), 2))
         if measured and figures.get("speedup") is not None else ("not reached" if measured else "–"),
         "time": _number(figures.get("time_speedup"), 2),
     }

@@ -231,15 +231,16 @@ def parse(argv: Sequence[str]) -> tuple[CompareConfig, list[str], str]:
 
 
 #: Training fields a comparison sets for each run: an override of one would break the comparison's design.
-_OWN_FIELDS = ("--optimizer.", "--trainer.seed", "--trainer.id", "--trainer.log_dir", "--data_seed", "--fresh")
+_OWN_FIELDS = ("--optimizer.", "--trainer.seed", "--trainer.id", "--trainer.log_dir", "--data_seed", "--fresh",
+               "--config_path", "--config")
 
 
 def _check_overrides(overrides: Sequence[str]) -> None:
     for arg in overrides:
         if any(arg == own.rstrip(".") or arg.startswith(own) for own in _OWN_FIELDS):
             raise SpecError(
-                f"override {arg}: the comparison sets the optimizer, seed and run id of every run (use the arms, "
-                "seeds and name of the spec)"
+                f"override {arg}: the comparison sets the config, optimizer, seed and run id of every run (use the "
+                "spec's base, arms, seeds and name)"
             )
 
 

@@ -154,6 +154,7 @@ def _against(comparison: Comparison, plan: Plan, name: str, reference: str, entr
         "speedup": figures.speedup,
         "speedup_interval": figures.speedup_interval.as_list(),
         "speedup_interval_method": figures.speedup_interval.method,
+        "speedup_is_lower_bound": figures.speedup_is_lower_bound,
         "time_speedup": measure.time_speedup(figures.speedup, of_reference.get("seconds_per_token"),
                                              entry.get("seconds_per_token")),  # fmt: skip
     }

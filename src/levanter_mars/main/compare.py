@@ -130,7 +130,13 @@ class Stopped(BaseException):
         self.signum = signum
 
 
+_stopping: list[int] = []
+
+
 def _stop(signum, frame):
+    if _stopping:  # a second signal while the runs are being stopped: the stop is under way, let it finish
+        return
+    _stopping.append(signum)
     raise Stopped(signum)
 
 

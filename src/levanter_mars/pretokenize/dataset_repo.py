@@ -24,11 +24,13 @@ CARD = "README.md"
 
 @dataclass(frozen=True)
 class RepoFile:
-    """One data file: its path inside the repository, size in bytes and published SHA-256 (None: not published)."""
+    """One data file: its path inside the repository, size in bytes, published SHA-256 (None: not published) and
+    the version its storage gives it (a bucket's generation, a file's mtime, the hub's blob id)."""
 
     path: str
     size: int
     sha256: Optional[str]
+    version: Optional[str] = None
 
 
 def is_hub_id(dataset_id: str) -> bool:
@@ -84,29 +86,39 @@ class DatasetRepo:
         if not isinstance(configs, list) or not configs:
             raise ConfigError(f"{self.field}.id: {self.url(CARD)} names no configs (a 'configs:' list in its YAML "
                               "header)")  # fmt: skip
-        return {str(c.get("config_name", "default")): c.get("data_files") for c in configs if isinstance(c, dict)}
+        self._raw_configs = {str(c.get("config_name", "default")): c for c in configs if isinstance(c, dict)}
+        return {name: c.get("data_files") for name, c in self._raw_configs.items()}
 
     def files(self, name: Optional[str], split: str) -> list[RepoFile]:
-        """The files of config ``name`` (None: ``default``) for ``split``, sorted; [] if the config has no such
-        split. An unknown config is a ConfigError naming the field and the configs there are."""
+        """The files of config ``name`` (None: the card's ``default: true`` config, else ``default``) for ``split``,
+        in the order ``datasets`` streams them (each pattern resolved by its own ``resolve_pattern``, in the card's
+        order, hidden files left out); [] if the config has no such split. An unknown config is a ConfigError naming
+        the field and the configs there are."""
+        from datasets.data_files import resolve_pattern
+
         configs = self.configs()
-        config_name = name or "default"
+        config_name = name or next((n for n, c in self._raw_configs.items() if c.get("default")), "default")
         if config_name not in configs:
             known = ", ".join(sorted(configs))
             raise ConfigError(f"{self.field}.name: {self.dataset_id!r} has no config {config_name!r} (its configs: "
                               f"{known})")  # fmt: skip
-        patterns = _patterns_for_split(configs[config_name], split)
+        base = self.url("").rstrip("/")
         found: dict[str, RepoFile] = {}
-        for pattern in patterns:
-            matches = self.fs.glob(f"{self.root}/{pattern}", detail=True)
-            files = {p: info for p, info in matches.items() if info.get("type", "file") == "file"}
-            if not files:
+        for pattern in _patterns_for_split(configs[config_name], split):
+            try:
+                paths = resolve_pattern(pattern, base_path=base)
+            except FileNotFoundError:
                 raise ConfigError(f"{self.field}: config {config_name!r} names {pattern!r} for split {split!r}, and "
-                                  f"no file of {self.dataset_id!r} matches it")  # fmt: skip
-            for full, info in files.items():
-                relative = posixpath.relpath(_strip_revision(full), _strip_revision(self.root))
-                found[relative] = RepoFile(relative, int(info["size"]), published_sha256(info))
-        return [found[p] for p in sorted(found)]
+                                  f"no file of {self.dataset_id!r} matches it") from None  # fmt: skip
+            infos = self.fs.glob(f"{self.root}/{pattern}", detail=True)
+            by_url = {self.fs.unstrip_protocol(p): info for p, info in infos.items()}
+            for url in paths:
+                relative = _relative(url, base)
+                if relative in found:
+                    continue
+                info = by_url.get(url) or by_url.get(self.url(relative)) or self.fs.info(f"{self.root}/{relative}")
+                found[relative] = RepoFile(relative, int(info["size"]), published_sha256(info), version_of(info))
+        return list(found.values())
 
     def open(self, path: str, mode: str = "rb", **kwargs):
         return self.fs.open(f"{self.root}/{path}", mode, **kwargs)
@@ -119,6 +131,23 @@ def published_sha256(info: dict) -> Optional[str]:
     if isinstance(lfs, dict) and lfs.get("sha256"):
         return str(lfs["sha256"])
     return None
+
+
+#: Object metadata that changes whenever an object is rewritten (a bucket's generation, the hub's blob id, mtime).
+_VERSION_KEYS = ("generation", "etag", "ETag", "blob_id", "mtime", "updated", "LastModified")
+
+
+def version_of(info: dict) -> Optional[str]:
+    return next((f"{key}:{info[key]}" for key in _VERSION_KEYS if info.get(key) is not None), None)
+
+
+def _relative(url: str, base: str) -> str:
+    """A resolved file's path inside the repository (a local path, or a URL with or without the revision)."""
+    plain = [b.replace("file://", "") for b in (url, base)]
+    url, base = plain
+    if url.startswith(base + "/"):
+        return url[len(base) + 1 :]
+    return posixpath.relpath(_strip_revision(url.split("://", 1)[-1]), _strip_revision(base.split("://", 1)[-1]))
 
 
 def _front_matter(text: str) -> Any:

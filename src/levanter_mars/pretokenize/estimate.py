@@ -2,8 +2,9 @@
 dataset's listing and one sample, before anything is copied or built.
 
 The sample is the first row group of the first file (a ranged read: its footer, then that row group's columns). It
-gives the tokens per stored byte (the whole row group's compressed bytes, all columns, as the listing counts files)
-and the rate of the build's own tokenizing (Levanter's processor, one thread) on this machine. Tokens are estimated
+gives the tokens per stored byte (the whole row group's compressed bytes, all columns, as the listing counts files),
+the rate of the build's own tokenizing (Levanter's processor, one thread) on this machine, and the bytes a token
+takes in Levanter's cache format (the sample written to a temporary local cache). Tokens are estimated
 as the listed bytes times that ratio; hours as those tokens over the rate times the CPUs named (a vCPU counted as a
 core: hyperthread pairs share one, so a host's vCPUs give less than that many cores).
 """
@@ -34,6 +35,8 @@ class Sample:
     tokens: int
     compressed_bytes: int
     seconds: float
+    cache_bytes: int
+    """What the sample's tokens take in Levanter's cache format (int64, blosc-compressed), written here to measure."""
 
     @property
     def tokens_per_byte(self) -> float:
@@ -42,6 +45,10 @@ class Sample:
     @property
     def tokens_per_second(self) -> float:
         return self.tokens / max(self.seconds, 1e-9)
+
+    @property
+    def cache_bytes_per_token(self) -> float:
+        return self.cache_bytes / max(self.tokens, 1)
 
 
 @dataclass(frozen=True)
@@ -90,9 +97,27 @@ def sample(repo: DatasetRepo, file: RepoFile, processor, text_key: str, field: s
     compressed = sum(group.column(i).total_compressed_size for i in range(group.num_columns))
     share = len(texts) / max(group.num_rows, 1)
     start = time.perf_counter()
-    tokens = sum(len(d["input_ids"]) for d in processor([{text_key: t} for t in texts]))
+    encoded = processor([{text_key: t} for t in texts])
     seconds = time.perf_counter() - start
-    return Sample(len(texts), sum(map(len, texts)), tokens, int(compressed * share), seconds)
+    tokens = sum(len(d["input_ids"]) for d in encoded)
+    return Sample(len(texts), sum(map(len, texts)), tokens, int(compressed * share), seconds,
+                  _stored_bytes(processor, encoded))  # fmt: skip
+
+
+def _stored_bytes(processor, encoded: list) -> int:
+    """Bytes on disk of ``encoded`` written as Levanter's builder writes a cache (a temporary local one)."""
+    import tempfile
+
+    import numpy as np
+    from levanter.store.jagged_array import PreparedBatch
+    from levanter.store.tree_store import TreeStore
+
+    with tempfile.TemporaryDirectory(prefix="pretokenize-estimate-") as directory:
+        exemplar = processor.output_exemplar
+        store = TreeStore.open(exemplar, directory, mode="w", cache_metadata=False)
+        rows = [np.asarray(d["input_ids"], dtype=np.asarray(exemplar["input_ids"]).dtype) for d in encoded]
+        store.tree["input_ids"].extend(PreparedBatch.from_batch(rows))
+        return sum(os.path.getsize(os.path.join(d, f)) for d, _, names in os.walk(directory) for f in names)
 
 
 def describe(field: str, repo: DatasetRepo, name, split: str, files: Sequence[RepoFile], measured: Sample,
@@ -110,5 +135,7 @@ def describe(field: str, repo: DatasetRepo, name, split: str, files: Sequence[Re
         f"  tokenizing here: {measured.tokens_per_second / 1e6:.3f}M tokens/s on one core (the build's processor, "
         "one thread)",
         f"  on {cpus.described}: {hours:.2f} h to tokenize ({hours * 60:.1f} min) at that rate per CPU; the mirror "
-        f"copies {total / 1e9:.3f} GB first and the cache stores about {tokens * 8 / 1e9:.1f} GB (int64 tokens)",
+        f"copies {total / 1e9:.3f} GB first, and the cache takes about "
+        f"{tokens * measured.cache_bytes_per_token / 1e9:.2f} GB ({measured.cache_bytes_per_token:.2f} bytes a token "
+        "in Levanter's format, measured on the sample), written by the one driver",
     ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import uuid
 from typing import Iterator, Optional, Sequence
 
@@ -62,15 +63,26 @@ class RayExecutor:
         self.max_retries = max_retries
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         runtime_env = {"env_vars": dict(WORKER_ENVIRONMENT)}
+        # ray.init installs its own SIGTERM handler, which aborts the process (exit 134) and leaves its daemons
+        # behind: the data step's own (a stop, exit 130, Ray shut down on the way out) is put back.
+        on_sigterm = signal.getsignal(signal.SIGTERM)
+        if address and "://" in address:
+            from levanter_mars.training.config import ConfigError
+
+            raise ConfigError(f"--address {address}: a Ray cluster's GCS address (host:port, or auto on one of its "
+                              "nodes), not a dashboard or job URL")  # fmt: skip
         if address:
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
             self.workers = int(workers or ray.cluster_resources().get("CPU", 1))
             self.description = f"Ray cluster at {address}, {self.workers} worker(s)"
         else:
             self.workers = int(workers or os.cpu_count() or 1)
-            ray.init(num_cpus=self.workers, include_dashboard=False, runtime_env=runtime_env, log_to_driver=False,
-                     object_store_memory=100 * 10**6)  # fmt: skip
+            # "local": a Ray of its own, whatever RAY_ADDRESS says (the local pod's variables name its dashboard)
+            ray.init(address="local", num_cpus=self.workers, include_dashboard=False, runtime_env=runtime_env,
+                     log_to_driver=False, object_store_memory=100 * 10**6)  # fmt: skip
             self.description = f"a local Ray of {self.workers} worker(s)"
+        if on_sigterm is not None:
+            signal.signal(signal.SIGTERM, on_sigterm)
 
     def run(self, units: Sequence[Unit], job: TokenizeJob, tick_s: float) -> Iterator[Optional[UnitResult]]:
         """Yields each unit's result as it finishes (any order), and None every ``tick_s`` seconds without one."""

@@ -3,22 +3,27 @@ verified, so that no tokenizing worker ever streams from the hub (its rate limit
 reads it from thousands of tasks).
 
 The mirror keeps the repository's layout under ``mirror_dir`` (``sample/100BT/000_00000.parquet``) and a manifest,
-``mirror.json``: the source (id, revision) and each file's size and SHA-256. A file enters the manifest only once its
-copy is whole and verified: its size, and its SHA-256 against the one the hub publishes (the LFS pointer), or, where
-the source publishes none (a local folder, a bucket), the copy hashed again as stored. A rerun copies only what the
-manifest lacks; a copy cut off by a kill is never in it (it is written whole: ``whole_files.open_whole``).
+``mirror.json``: the source (id, revision) and each file's size, SHA-256 and source version. A file enters the
+manifest only once its copy is whole and verified: its size, and its SHA-256 against the one the hub publishes (the
+LFS pointer), or, where the source publishes none (a local folder, a bucket), the copy hashed again as stored. A rerun
+copies only what the manifest lacks or what changed at the source (its published SHA-256, else its size or version:
+a bucket's generation, a file's mtime); a copy cut off by a kill is never in it (``whole_files.open_whole``), and the
+temporary files a killed copy leaves on local disk are removed when the mirror starts (it has one writer). A stop
+(Ctrl-C, SIGTERM) ends the copies in flight at their next block and records those that finished.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 from levanter_mars.pretokenize.dataset_repo import DatasetRepo, RepoFile
 from levanter_mars.pretokenize.errors import StorageTrouble
@@ -29,6 +34,7 @@ logger = logging.getLogger(__name__)
 MANIFEST = "mirror.json"
 BLOCK = 8 << 20
 ATTEMPTS = 3
+BACKOFF_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,10 @@ def join(base: str, path: str) -> str:
 
 
 def read_manifest(mirror_dir: str) -> dict:
-    return read_json(join(mirror_dir, MANIFEST)) or {"source": None, "files": {}}
+    try:
+        return read_json(join(mirror_dir, MANIFEST)) or {"source": None, "files": {}}
+    except ValueError as e:  # written whole, so only storage damage makes it unreadable
+        raise StorageTrouble(f"{e}: remove it to copy every file again") from None
 
 
 def mirror(repo: DatasetRepo, files: Sequence[RepoFile], mirror_dir: str, *, threads: int = 4,
@@ -64,18 +73,42 @@ def mirror(repo: DatasetRepo, files: Sequence[RepoFile], mirror_dir: str, *, thr
     if todo:
         total = sum(f.size for f in todo)
         report(f"mirror: copying {len(todo)} of {len(files)} file(s), {total / 1e9:.2f} GB, to {mirror_dir}")
-    lock = threading.Lock()
-    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        futures = {pool.submit(_copy_verified, repo, f, join(mirror_dir, f.path)): f for f in todo}
+        _remove_temporaries(mirror_dir)
+    stop = threading.Event()
+
+    def record(file: RepoFile, sha256: str) -> None:
+        recorded[file.path] = {"size": file.size, "sha256": sha256, "source": repo.url(file.path),
+                               "source_version": file.version}  # fmt: skip
+        manifest["files"] = recorded
+        write_whole(join(mirror_dir, MANIFEST), _json(manifest))
+
+    pool = ThreadPoolExecutor(max_workers=max(1, threads))
+    futures = {pool.submit(_copy_verified, repo, f, join(mirror_dir, f.path), stop): f for f in todo}
+    try:
         for done, future in enumerate(as_completed(futures), 1):
             file = futures[future]
-            sha256 = future.result()
-            with lock:
-                recorded[file.path] = {"size": file.size, "sha256": sha256, "source": repo.url(file.path)}
-                manifest["files"] = recorded
-                write_whole(join(mirror_dir, MANIFEST), _json(manifest))
-            report(f"mirror: {done}/{len(todo)} {file.path} ({file.size / 1e6:.1f} MB, sha256 {sha256[:12]})")
+            record(file, future.result())
+            report(f"mirror: {done}/{len(todo)} {file.path} ({file.size / 1e6:.1f} MB, "
+                   f"sha256 {recorded[file.path]['sha256'][:12]})")  # fmt: skip
+    except BaseException:
+        stop.set()  # the copies in flight end at their next block; those that finished are kept
+        pool.shutdown(wait=True, cancel_futures=True)
+        for future, file in futures.items():
+            if file.path not in recorded and future.done() and not future.cancelled() and future.exception() is None:
+                record(file, future.result())
+        raise
+    pool.shutdown()
     return [MirroredFile(f.path, join(mirror_dir, f.path), f.size, recorded[f.path]["sha256"]) for f in files]
+
+
+def _remove_temporaries(mirror_dir: str) -> None:
+    """What copies killed before their rename left (``.<name>.<id>.tmp``, local disk only)."""
+    fs, root = fsspec.core.url_to_fs(mirror_dir)
+    if isinstance(fs, LocalFileSystem) and os.path.isdir(root):
+        for directory, _, names in os.walk(root):
+            for name in names:
+                if name.startswith(".") and name.endswith(".tmp"):
+                    os.remove(os.path.join(directory, name))
 
 
 def _still_valid(entry: Optional[dict], file: RepoFile, url: str) -> bool:
@@ -85,6 +118,8 @@ def _still_valid(entry: Optional[dict], file: RepoFile, url: str) -> bool:
         return False
     if file.sha256 is not None and entry.get("sha256") != file.sha256:
         return False
+    if file.sha256 is None and file.version is not None and entry.get("source_version") != file.version:
+        return False  # rewritten at the source (same size or not): nothing published to tell, so copy it again
     fs, path = fsspec.core.url_to_fs(url)
     try:
         return int(fs.info(path)["size"]) == file.size
@@ -92,24 +127,34 @@ def _still_valid(entry: Optional[dict], file: RepoFile, url: str) -> bool:
         return False
 
 
-def _copy_verified(repo: DatasetRepo, file: RepoFile, url: str) -> str:
+def _copy_verified(repo: DatasetRepo, file: RepoFile, url: str, stop: threading.Event) -> str:
     last: Exception | None = None
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            return _copy_once(repo, file, url)
+            return _copy_once(repo, file, url, stop)
         except (OSError, StorageTrouble) as e:
             if isinstance(e, (PermissionError, IsADirectoryError, NotADirectoryError)):
                 raise
             last = e
             logger.warning("mirror: %s, attempt %d of %d: %s", file.path, attempt, ATTEMPTS, e)
+            if attempt < ATTEMPTS and not stop.wait(BACKOFF_S * 2 ** (attempt - 1)):  # a rate limit eases off
+                continue
+            if stop.is_set():
+                raise Stopped(file.path) from None
     raise StorageTrouble(f"mirror: {repo.url(file.path)} could not be copied to {url} in {ATTEMPTS} attempts: {last}")
 
 
-def _copy_once(repo: DatasetRepo, file: RepoFile, url: str) -> str:
+class Stopped(Exception):
+    """A copy ended by the mirror's stop (its file is not copied)."""
+
+
+def _copy_once(repo: DatasetRepo, file: RepoFile, url: str, stop: threading.Event) -> str:
     digest = hashlib.sha256()
     size = 0
     with repo.open(file.path, "rb", block_size=BLOCK) as source, open_whole(url) as sink:
         while block := source.read(BLOCK):
+            if stop.is_set():
+                raise Stopped(file.path)
             digest.update(block)
             size += len(block)
             sink.write(block)

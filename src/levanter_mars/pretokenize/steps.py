@@ -35,32 +35,51 @@ def _text_key(field: str, component) -> str:
 
 
 def hub_splits(data, options: PretokenizeOptions) -> list[HubSplit]:
-    """Every split of every dataset-repository source, with its files (listing the repository; no data read)."""
+    """Every split of every dataset-repository source, with its files (listing the repository; no data read). A build
+    lists each repository at the hub's commit of now, which it then reads every file at (the dry run lists the head)."""
     out: list[HubSplit] = []
-    processor, repos = None, {}
+    processors: dict = {}
+    repos: dict = {}
     for field, component, split, split_dir in cache_check.cache_splits(data):
         if getattr(component, "id", None) is None:
             continue
         text_key = _text_key(field, component)
-        if processor is None:
-            processor = preprocessor_for_format(component.format, _tokenizer(data), enforce_bos=True,
-                                                enforce_eos=data.enforce_eos)  # fmt: skip
-        repo = repos.setdefault(field, DatasetRepo(component.id, field=field))
+        if text_key not in processors:  # one per text field: sources of a mixture may name theirs differently
+            processors[text_key] = preprocessor_for_format(component.format, _tokenizer(data), enforce_bos=True,
+                                                           enforce_eos=data.enforce_eos)  # fmt: skip
+        if field not in repos:
+            repos[field] = _repository(component.id, field, pin=not options.dry_run)
+        repo = repos[field]
         files = _listed(repo, component.name, split)
         if split == "train" and not files:
             raise ConfigError(f"{field}: config {component.name or 'default'!r} of {component.id!r} has no train "
                               "files")  # fmt: skip
-        mirror_dir = options.mirror_dir or join(split_dir.rstrip("/").rsplit("/", 1)[0], "mirror")
+        root = split_dir.rstrip("/").rsplit("/", 1)[0]
+        mirror_dir = join(options.mirror_dir, field.rsplit(".", 1)[-1]) if options.mirror_dir else join(root, "mirror")
         out.append(HubSplit(SplitSource(field, repo, component.name, split, split_dir, mirror_dir, text_key,
-                                        processor, getattr(data, "rebuild_cache", False)), files))  # fmt: skip
+                                        processors[text_key], getattr(data, "rebuild_cache", False)), files))  # fmt: skip
     return out
+
+
+def _repository(dataset_id: str, field: str, *, pin: bool) -> DatasetRepo:
+    repo = DatasetRepo(dataset_id, field=field)
+    if not (pin and repo.on_hub):
+        return repo
+    try:
+        revision = repo.resolved_revision()
+    except Exception as e:  # noqa: BLE001
+        raise StorageTrouble(f"{field}.id: cannot reach the hub for {dataset_id!r}: {e}") from e
+    return DatasetRepo(dataset_id, field=field, revision=revision)
 
 
 def _tokenizer(data):
     try:
         return data.the_tokenizer
-    except OSError as e:  # transformers: neither on disk nor reachable on the hub
-        raise StorageTrouble(f"data.tokenizer: cannot load {data.tokenizer!r} ({str(e).splitlines()[0]})") from None
+    except OSError as e:  # transformers: neither on disk nor on the hub, or the hub unreachable
+        first = str(e).splitlines()[0]
+        unreachable = "connect" in first.lower() or "offline" in first.lower()
+        kind = StorageTrouble if unreachable else ConfigError
+        raise kind(f"data.tokenizer: cannot load {data.tokenizer!r} ({first})") from None
 
 
 def _listed(repo: DatasetRepo, name, split: str) -> list[RepoFile]:
@@ -120,22 +139,26 @@ def check_caches(data, splits: list[HubSplit], options: PretokenizeOptions) -> N
 
 def build_hub_splits(splits: list[HubSplit], options: PretokenizeOptions,
                      report: Callable[[str], None]) -> dict[str, dict]:  # fmt: skip
+    """Every split with files, built; one executor for all, started only when a unit is left to tokenize."""
     from levanter_mars.pretokenize.executors import executor
 
     records: dict[str, dict] = {}
-    runner = None
+    runner: list = []
+
+    def units_executor():
+        if not runner:
+            runner.append(executor(options.serial, options.address, options.workers))
+        return runner[0]
+
     try:
         for split in splits:
             if not split.files:
                 _mark_absent(split.source)
                 continue
-            source = _pinned(split.source)
-            if runner is None:
-                runner = executor(options.serial, options.address, options.workers)
-            records[split.source.split_dir] = build_split(source, split.files, options, runner, report)
+            records[split.source.split_dir] = build_split(split.source, split.files, options, units_executor, report)
     finally:
-        if runner is not None:
-            runner.close()
+        if runner:
+            runner[0].close()
     return records
 
 
@@ -148,19 +171,6 @@ def _mark_absent(source: SplitSource) -> None:
 
     reason = f"config {source.name or 'default'!r} of {source.repo.dataset_id!r} has no {source.split} files"
     write_whole(join(source.split_dir, ABSENT_SPLIT), json.dumps({"field": source.field, "reason": reason}) + "\n")
-
-
-def _pinned(source: SplitSource) -> SplitSource:
-    """The source read at the hub's current commit, so that every file comes from one snapshot."""
-    import dataclasses
-
-    if not source.repo.on_hub:
-        return source
-    try:
-        revision = source.repo.resolved_revision()
-    except Exception as e:  # noqa: BLE001
-        raise StorageTrouble(f"{source.field}.id: cannot reach the hub for {source.repo.dataset_id!r}: {e}") from e
-    return dataclasses.replace(source, repo=DatasetRepo(source.repo.dataset_id, field=source.field, revision=revision))
 
 
 def build_url_sources(data) -> list[str]:

@@ -75,8 +75,8 @@ def verify(split_dir: str, processor, units: Sequence[Unit], results: Mapping[st
             stored = np.asarray(array[row + offset])
             if not np.array_equal(expected, stored):
                 raise VerificationFailed(f"unit {unit.name} ({unit.file}): document {offset} tokenizes to "
-                                         f"{len(expected)} tokens, the cache's row {row + offset} holds {len(stored)} "
-                                         "others", index)  # fmt: skip
+                                         f"{len(expected)} tokens and the cache's row {row + offset} holds "
+                                         f"{_how_it_differs(expected, stored)}", index)  # fmt: skip
             sampled += 1
         per_unit.append({"unit": unit.name, "file": unit.file, "row_groups": [unit.first_row_group,
                          unit.stop_row_group], "rows": unit.rows, "first_row": row, "tokens": unit_tokens,
@@ -87,6 +87,13 @@ def verify(split_dir: str, processor, units: Sequence[Unit], results: Mapping[st
         raise VerificationFailed(f"{split_dir}: {array.num_rows} rows in the cache, {ledger.total_num_rows} in the ledger,"
                                  f" {row} in the sources", len(units) - 1)  # fmt: skip
     return Verified(row, tokens, sampled, per_unit)
+
+
+def _how_it_differs(expected: np.ndarray, stored: np.ndarray) -> str:
+    if len(expected) != len(stored):
+        return f"{len(stored)}"
+    first = int(np.argmax(expected != stored))
+    return f"as many, which differ from token {first} on ({stored[first]} for {expected[first]})"
 
 
 def _digest_of_rows(array, start: int, stop: int) -> tuple[str, int]:

@@ -22,7 +22,7 @@ from typing import Optional
 
 import numpy as np
 
-from levanter_mars.pretokenize.errors import SourceError
+from levanter_mars.pretokenize.errors import SourceError, StorageTrouble
 from levanter_mars.pretokenize.units import Unit, read_texts
 from levanter_mars.training.whole_files import open_whole, read_json, write_whole
 
@@ -82,8 +82,10 @@ def done_markers(units_dir: str, unit: str) -> list[dict]:
     return [m for m in (read_json(fs.unstrip_protocol(n)) for n in names) if m is not None]
 
 
-def completed(units_dir: str, unit: str) -> Optional[UnitResult]:
-    markers = done_markers(units_dir, unit)
+def completed(units_dir: str, unit: Unit) -> Optional[UnitResult]:
+    """The unit's result if a worker finished it, from the very rows it is now (the same file, by its SHA-256, and
+    row groups): a marker of a unit of an earlier plan, from other files, is not this unit's."""
+    markers = [m for m in done_markers(units_dir, unit.name) if _same_rows(m, unit)]
     if not markers:
         return None
     first = min(markers, key=lambda m: (m["finished_at"], m["attempt"]))
@@ -91,11 +93,26 @@ def completed(units_dir: str, unit: str) -> Optional[UnitResult]:
     return UnitResult(**fields, tokenized_now=False)
 
 
+def _same_rows(marker: dict, unit: Unit) -> bool:
+    return (marker.get("file_sha256"), marker.get("row_groups")) == (unit.file_sha256,
+                                                                    [unit.first_row_group, unit.stop_row_group])
+
+
 def tokenize_unit(unit: Unit, job: TokenizeJob) -> UnitResult:
     """Tokenizes ``unit`` unless it is done; returns its result either way."""
     for name, value in WORKER_ENVIRONMENT.items():
         os.environ.setdefault(name, value)
-    done = completed(job.units_dir, unit.name)
+    try:
+        return _tokenize(unit, job)
+    except Exception as e:  # noqa: BLE001 - the storage's own errors (OSError; gcsfs's HttpError) become storage trouble
+        if not (isinstance(e, OSError) or type(e).__name__ == "HttpError"):
+            raise
+        raise StorageTrouble(f"unit {unit.name}: reading {unit.file} or writing under {job.units_dir} failed "
+                             f"({type(e).__name__}: {e})") from e  # fmt: skip
+
+
+def _tokenize(unit: Unit, job: TokenizeJob) -> UnitResult:
+    done = completed(job.units_dir, unit)
     if done is not None:
         return done
     start = time.perf_counter()
@@ -122,7 +139,8 @@ def tokenize_unit(unit: Unit, job: TokenizeJob) -> UnitResult:
     result = UnitResult(unit.name, attempt, rows, tokens, characters,
                         unit_digest(lengths_digest, tokens_digest), time.perf_counter() - start,
                         socket.gethostname())  # fmt: skip
-    marker = {**result.to_json(), "finished_at": time.time(), "pid": os.getpid()}
+    marker = {**result.to_json(), "finished_at": time.time(), "pid": os.getpid(), "file_sha256": unit.file_sha256,
+              "row_groups": [unit.first_row_group, unit.stop_row_group]}  # fmt: skip
     import json
 
     write_whole(f"{unit_dir(job.units_dir, unit.name)}/done-{attempt}.json", json.dumps(marker, sort_keys=True))

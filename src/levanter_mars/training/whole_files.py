@@ -55,15 +55,36 @@ def open_whole(url: str | os.PathLike) -> Iterator[IO[bytes]]:
     parent = path.rsplit("/", 1)[0]
     if parent and parent != path:
         fs.makedirs(parent, exist_ok=True)
+    existed = fs.exists(path)
     f = fs.open(path, "wb")
     try:
         yield f
     except BaseException:
-        discard = getattr(f, "discard", None)  # an upload never finalized leaves no object (memory://: never closed)
-        if discard is not None:
-            discard()
+        _abandon(fs, path, f, existed)
         raise
     f.close()
+
+
+def _abandon(fs, path: str, f, existed: bool) -> None:
+    """Leaves no object of a stream that failed: its upload cancelled (gcsfs starts one only past its first block:
+    below that, closing the file, or collecting it, would still put what it holds), and an object the store made
+    at ``open`` (memory://) removed."""
+    discard = getattr(f, "discard", None)
+    if discard is not None:
+        try:
+            discard()
+        except Exception:  # noqa: BLE001 - a cancel that fails leaves the upload unfinalized: no object either
+            pass
+    buffer = getattr(f, "buffer", None)
+    if buffer is not None:
+        buffer.seek(0)
+        buffer.truncate()
+    try:
+        f.closed = True  # fsspec's close() and __del__ do nothing more for a closed file
+    except AttributeError:
+        pass
+    if not existed and fs.exists(path):
+        fs.rm(path)
 
 
 def read_whole(url: str | os.PathLike) -> Optional[bytes]:

@@ -43,22 +43,38 @@ def _trained_on(config: LMMixtureDatasetConfig, name: str) -> bool:
     return any(stage.get(name, 0) > 0 for stage in stages)
 
 
-def finished_caches_first(config, split: str, upstream: Callable[[Mapping[str, object]], dict]) -> dict:
-    """``config``'s caches of ``split`` by source name: finished ones loaded, absent ones skipped, the rest from
-    ``upstream(sources)`` (Levanter's ``build_caches`` for those sources only). The cache of a mixture's source is
-    where Levanter's ``build_caches`` puts it (its own ``cache_dir``, else ``<cache_dir>/<name>``)."""
-    mixture = isinstance(config, LMMixtureDatasetConfig)
-    sources = config.configs if mixture else {"": config}
+def _cache_root(config, name: str, source) -> str | None:
+    """Where Levanter's ``build_caches`` puts a source's caches: its own ``cache_dir``, else ``<cache_dir>/<name>``
+    (a mixture's source), or the config's ``cache_dir`` (a single dataset)."""
+    if not isinstance(config, LMMixtureDatasetConfig):
+        return config.cache_dir
+    return source.cache_dir or (os.path.join(config.cache_dir, name) if config.cache_dir else None)
+
+
+def cached(config, name: str, source, split: str):
+    """``("finished", cache)``, ``("absent", None)`` (the data step found no files for the split) or
+    ``("levanter", None)``: build or load it as Levanter does."""
+    root = _cache_root(config, name, source)
+    split_dir = os.path.join(root, split) if root else None
+    if split_dir and finished(split_dir):
+        return "finished", load_lm_dataset_cache(split_dir, source.format, config.the_tokenizer, config.enforce_eos)
+    if split_dir and _exists(os.path.join(split_dir, ABSENT_SPLIT)):
+        return "absent", None
+    return "levanter", None
+
+
+def finished_caches_first(config: LMMixtureDatasetConfig, split: str,
+                          upstream: Callable[[Mapping[str, object]], dict]) -> dict:  # fmt: skip
+    """A mixture's caches of ``split`` by source name: finished ones loaded, absent ones skipped, the rest from
+    ``upstream(sources)`` (Levanter's ``build_caches`` for those sources only)."""
     caches, rest = {}, {}
-    for name, source in sources.items():
-        if mixture and split == "train" and not _trained_on(config, name):
+    for name, source in config.configs.items():
+        if split == "train" and not _trained_on(config, name):
             continue  # Levanter neither builds nor loads it
-        root = (source.cache_dir or (os.path.join(config.cache_dir, name) if config.cache_dir else None)) if mixture \
-            else config.cache_dir  # fmt: skip
-        split_dir = os.path.join(root, split) if root else None
-        if split_dir and finished(split_dir):
-            caches[name] = load_lm_dataset_cache(split_dir, source.format, config.the_tokenizer, config.enforce_eos)
-        elif not (split_dir and _exists(os.path.join(split_dir, ABSENT_SPLIT))):
+        state, cache = cached(config, name, source, split)
+        if state == "finished":
+            caches[name] = cache
+        elif state == "levanter":
             rest[name] = source
     if rest:
         caches.update(upstream(rest))

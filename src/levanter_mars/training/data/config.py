@@ -12,7 +12,7 @@ from typing import Union
 
 from levanter.data.text import HfSingleDatasetLMConfig, LMMixtureDatasetConfig, UrlSingleDatasetLMConfig
 
-from levanter_mars.training.data.cached_first import finished_caches_first, restricted
+from levanter_mars.training.data.cached_first import cached, finished_caches_first, restricted
 
 
 @dataclass(frozen=True)
@@ -29,9 +29,13 @@ class UrlDataConfig(UrlSingleDatasetLMConfig, RebuildCacheField):
 
 @dataclass(frozen=True)
 class HfDataConfig(HfSingleDatasetLMConfig, RebuildCacheField):
-    def build_caches(self, split: str, monitors=True):
-        """A finished cache loads without opening the dataset (``cached_first``, compat defect 47)."""
-        return finished_caches_first(self, split, lambda _: HfSingleDatasetLMConfig.build_caches(self, split, monitors))
+    def build_or_load_cache(self, split: str, monitors=True):
+        """A finished cache loads without opening the dataset; an absent split is None (``cached_first``, compat
+        defect 47). Levanter's ``train_set``, ``validation_set`` and ``build_caches`` all come here."""
+        state, cache = cached(self, "", self, split)
+        if state == "levanter":
+            return HfSingleDatasetLMConfig.build_or_load_cache(self, split, monitors)
+        return cache
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ def test_kill_right_after_a_checkpoint(workdir, pydocs_corpus, reference_runs):
 
 def test_a_second_launch_of_a_live_run_is_refused_and_its_rerun_after_a_kill_takes_the_run(workdir, reference_runs):
     """One live launch per run (training/run/lease.py). Derived from the reference run up to step 20: a launch held
-    alive at step 22, the same command again (refused, exit 2, nothing written), then a kill -9 and the same command
+    alive at step 22, the same command again (refused, exit 8, nothing written), then a kill -9 and the same command
     (its holder's process is gone on this machine: it takes the run and finishes like the uninterrupted run)."""
     import time
 
@@ -103,7 +103,7 @@ def test_a_second_launch_of_a_live_run_is_refused_and_its_rerun_after_a_kill_tak
         before_metrics = paths["metrics"].read_bytes()
 
         second = run_cli(config)
-        assert second.returncode == 2, describe_failure(second)
+        assert second.returncode == 8, describe_failure(second)  # the run is live elsewhere
         assert f"the run is live elsewhere: pid {holder['pid']} on host" in output(second), output(second)[-3000:]
         assert "--take_over true" in output(second)
         assert {p: p.read_bytes() for p in sorted(paths["checkpoints"].rglob("*")) if p.is_file()} == before
@@ -215,11 +215,12 @@ def test_huge_gradient_batch_does_not_wreck_training(workdir, pydocs_corpus, ref
 
 def test_resume_with_a_different_optimizer_is_refused(workdir, reference_runs, capsys):
     """The reference run's MARS-AdamW checkpoints, resumed with Adam: refused before anything is built (so in this
-    process), naming both optimizers, and nothing is quarantined."""
+    process), a config error (exit 2: no retry can resume another optimizer's state) naming the field and both
+    optimizers, and nothing is quarantined."""
     reference_config, reference_paths = _reference(reference_runs)
     config, paths = copy_of_run(reference_config, reference_paths, workdir, up_to_step=20, run_id="optimizer-switch")
     code, out = run_cli_in_process(capsys, config, "--optimizer.type", "adam", "--optimizer.learning_rate", "1e-3")
-    assert code == 5, out[-3000:]  # checkpoint storage unusable: a retry would stop the same way
+    assert code == 2 and "config error:" in out, out[-3000:]
     assert "optimizer.type='mars-adamw'" in out and "optimizer.type='adam'" in out, out[-3000:]
     assert [s.state for s in audit_run(str(paths["checkpoints"]))] == ["verified", "verified"], "nothing quarantined"
     manifest = json.loads((paths["checkpoints"] / "step-20" / MANIFEST_NAME).read_text())

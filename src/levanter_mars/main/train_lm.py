@@ -1,7 +1,7 @@
 """``python -m levanter_mars.main.train_lm --config_path config/<file>.yaml [--section.field value ...]``
 
 The program's order, on one process or on every host of a pod alike: parse; start ``jax.distributed`` (nothing
-touches a JAX backend before it); validate; take the run's lease (one live launch per run, ``training/run/lease.py``);
+touches a JAX backend before it); take the run's lease (one live launch per run, ``training/run/lease.py``); validate;
 point JAX at the run's compilation cache; prepare what is shared (corpus, token caches, set-asides, the resume
 decision: process 0 acts, the others wait for its answer); open the goodput record (process 0); build; train;
 summarize (process 0); release the lease. The exit code says how it ended (``training/errors.py``).
@@ -51,13 +51,15 @@ def main(config: TrainAndEvalConfig) -> Optional[RunSummary]:
 
     pod_start.start(config.trainer)
     config.trainer.id = stable_run_id(config)
-    if config.embedded_corpus:
-        validation.check_embedded_corpus(config)  # before the corpus is built from it
-        distributed.leader_decides(
-            lambda: bool(pydocs_corpus.prepare(config.embedded_corpus, config.embedded_corpus_sources)))
-    validation.validate(config)
-    lease = run_lease.acquire_for(config)  # one live launch per run: refused here, nothing of the run touched
+    # One live launch per run: refused here, before the data or the model is looked at and nothing of the run touched
+    # (a second launch learns it in the seconds its imports take).
+    lease = run_lease.acquire_for(config)
     try:
+        if config.embedded_corpus:
+            validation.check_embedded_corpus(config)  # before the corpus is built from it
+            distributed.leader_decides(
+                lambda: bool(pydocs_corpus.prepare(config.embedded_corpus, config.embedded_corpus_sources)))
+        validation.validate(config)
         return _train(config, clock, lease)
     finally:
         if lease is not None:

@@ -159,3 +159,28 @@ def test_the_gcloud_runner_keeps_a_decided_stop_of_a_slice_that_left_active():
 
 def test_v4_16_is_the_two_host_slice_the_gcloud_cases_use():
     assert plan_for("--tpu_type", "v4-16").run.slice.hosts == 2
+
+
+def test_storage_trouble_of_the_driver_itself_is_retried_as_storage_not_the_end_of_the_launch(capsys, monkeypatch):
+    """Clearing the resize request before an attempt (the driver's own write beside the checkpoints) fails with the
+    storage: exit 5's kind, on the storage budget, where it used to end the launch."""
+    from levanter_mars.training.checkpointing import storage
+    from levanter_mars.training.errors import StorageError
+    from levanter_mars.training.run import resize
+
+    class Down:
+        def rm(self, path):
+            raise ConnectionError("503 the storage is down")
+
+    monkeypatch.setattr(storage, "fs_and_path", lambda path: (Down(), path))
+    with pytest.raises(StorageError, match="cannot clear the resize request gs://b/run.resize.json"):
+        resize.clear("gs://b/run.resize.json")
+    tries = []
+
+    def attempt(previous):
+        tries.append(previous)
+        resize.clear("gs://b/run.resize.json")
+
+    assert pod.run_attempts(attempt, BUDGET) == 5  # storage budget 1: two attempts, then the storage's code
+    assert [t.retry_kind for t in tries[1:]] == ["storage"]
+    assert "503 the storage is down" in capsys.readouterr().err

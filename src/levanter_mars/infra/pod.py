@@ -51,7 +51,7 @@ from levanter_mars.infra.slices import (
     launch_slice,
 )
 from levanter_mars.infra.slice_choice import ScaleUpWatch, change_note, first_count, next_count
-from levanter_mars.training.errors import ExitCode
+from levanter_mars.training.errors import ExitCode, StorageError
 from levanter_mars.training.outcome import LOST, NOT_RUN, RESIZE, RetryBudget, Verdict, judge
 from levanter_mars.training.run import resize
 from levanter_mars.training.run.launch_id import new_launch_id
@@ -175,7 +175,10 @@ def main(argv: Sequence[str]) -> int:
     finally:
         demand_slices(kind, 0)
         if pod.resize_request:
-            resize.clear(pod.resize_request)
+            try:
+                resize.clear(pod.resize_request)
+            except StorageError as e:  # the launch has its code; a request left behind names this launch only
+                logger.warning("%s", e)
 
 
 def demand_slices(kind: SliceType, count: int) -> None:
@@ -281,6 +284,9 @@ def run_attempts(attempt: Callable[[Optional[Verdict]], Sequence[dict]], budget:
         except SlicesPreempted as e:
             say(f"a slice of the attempt was preempted or lost a host: {e}", file=sys.stderr)
             exits = e.exits or [LOST]
+        except StorageError as e:  # the driver's own storage step (clearing a resize request): retried as storage
+            say(f"error: {e}", file=sys.stderr)
+            exits = [ExitCode.CHECKPOINT_STORAGE]
         except Exception as e:  # noqa: BLE001 - run_on_pod re-raises its last problem (a TpuRunError) when it gives up
             say(f"error: the cluster could not run the attempt: {type(e).__name__}: {e}", file=sys.stderr)
             exits = [NOT_RUN]

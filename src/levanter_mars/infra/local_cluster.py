@@ -38,7 +38,7 @@ from levanter_mars.infra.local_node import (
     node_position,
 )
 from levanter_mars.infra.ports import PortLease, reserve_ports
-from levanter_mars.infra.ray_processes import end_ray_processes
+from levanter_mars.infra.ray_processes import end_ray_processes, interrupt_processes
 
 # slices.py (it imports Levanter and Ray: seconds) is imported where used: `stop`, `env`, `preempt` do without it.
 
@@ -228,13 +228,17 @@ class LocalRayCluster:
         return cls(**state)
 
     def stop(self, grace: float = 10.0) -> list[int]:
-        """Terminates this cluster's processes (found again now: workers come and go), then kills stragglers."""
+        """Terminates this cluster's processes (found again now: workers come and go), then kills stragglers. The
+        training processes on it first get a person's interrupt, as a Ctrl-C of the command would give them, and
+        ``grace`` s to act on it: each releases its run's lease and records its end (exit 130); killed with their
+        Ray worker (``host.py``: they die with their parent), they would leave both behind."""
         import psutil
 
         procs = []
         for pid in set(self.pids) | set(self._find_pids()):
             with contextlib.suppress(psutil.NoSuchProcess):
                 procs.append(psutil.Process(pid))
+        interrupt_processes([p for p in procs if is_training_process(p)], grace)
         end_ray_processes(procs, grace)
         if self.ports is not None:
             self.ports.release()
@@ -242,6 +246,20 @@ class LocalRayCluster:
 
     def is_running(self) -> bool:
         return bool(self._find_pids())
+
+
+def is_training_process(proc) -> bool:
+    """Whether ``proc`` (psutil) runs the training program (``python -m levanter_mars.main.train_lm``, as a host task
+    starts it)."""
+    import psutil
+
+    from levanter_mars.infra.host import TRAIN_MODULE
+
+    try:
+        cmdline = proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+    return cmdline[1:3] == ["-m", TRAIN_MODULE]
 
 
 def main(argv: Sequence[str]) -> int:

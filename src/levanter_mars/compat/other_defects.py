@@ -69,4 +69,14 @@ DEFECTS: tuple[Defect, ...] = (
         "compat.cli.help_lists_each_option_once",
         COMPAT_TESTS + "test_cli_help.py::test_defect_44_draccus_lists_a_nested_fields_config_option_twice",
     ),
+    Defect(
+        48,
+        "jax==0.10.2",
+        "with libtpu installed, jax loads it to look for a TPU on a machine whose PCI scan found none: libtpu's "
+        "start-up noise (Failed to find host bounds, E0000 ... unexpected worker hostname) on every command's "
+        "stderr, and /tmp/libtpu_lockfile taken",
+        "compat.jax_tpu_probe.no_tpu_probe_without_a_tpu",
+        COMPAT_TESTS + "test_jax_tpu_probe.py::"
+        "test_defect_48_jax_loads_libtpu_on_a_machine_without_a_tpu_and_the_package_keeps_it_quiet",
+    ),
 )

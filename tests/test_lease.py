@@ -159,6 +159,29 @@ def test_the_renewal_keeps_the_lease_fresh_and_finds_a_take_over(tmp_path):
     thief.release()
 
 
+def test_renewals_from_two_threads_at_once_never_take_the_lease_from_itself(tmp_path):
+    """The renewal thread and a checkpoint's verify renew the same lease; two renewals that both start from the same
+    version must not read each other's write as a take-over (seen on the local pod: a run stopped with exit 8,
+    "another launch took the run over (now held by" its own pid)."""
+    store = Delayed(LocalStore(str(tmp_path / "run.lease.json")), seeded_random("lease-self-race"))
+    lease = RunLease.acquire(store.path, "run", store=store)
+    start, results = threading.Barrier(4), []
+
+    def renew_often():
+        start.wait()
+        results.extend(lease.renew() for _ in range(10))
+
+    threads = [threading.Thread(target=renew_often) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert results == [True] * 40 and lease.lost is None, lease.lost
+    assert json.loads((tmp_path / "run.lease.json").read_text())["token"] == lease.holder.token
+    lease.release()
+    assert not (tmp_path / "run.lease.json").exists(), "its last version is the one it releases"
+
+
 class _Failing:
     """A store whose operations fail (the storage service down) once ``down`` is set."""
 

@@ -161,6 +161,7 @@ class RunLease:
         """Why the run is no longer this launch's (another launch took it over), once a renewal found it."""
         self._renewed = time.monotonic()  # the last renewal that succeeded (this machine's clock: a duration)
         self._renewal_error: Optional[str] = None
+        self._renewing = threading.Lock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -207,21 +208,22 @@ class RunLease:
     def renew(self) -> bool:
         """Writes a fresh ``renewed_at`` if the lease is still the version this launch wrote; else marks it lost.
         Returns whether it is held. Raises StorageError if the storage fails."""
-        if self.lost is not None:
-            return False
-        renewed = dataclasses.replace(self.holder, renewed_at=time.time())
-        generation = self.store.replace(renewed.to_bytes(), self.generation)
-        if generation is None:
-            current = self.store.read()
-            if not _is_mine(current, renewed):  # not even a retried write of this renewal that landed
-                held = _holder_or_none(current, self.store.path)
-                self.lost = (f"another launch took the run over ("
-                             f"{'its lease is gone' if held is None else 'now held by ' + held.who()}, {self.path})")
+        with self._renewing:  # the renewal thread and a checkpoint's verify: one at a time, each from the last version
+            if self.lost is not None:
                 return False
-            generation = current.generation
-        self.holder, self.generation = renewed, generation
-        self._renewed, self._renewal_error = time.monotonic(), None
-        return True
+            renewed = dataclasses.replace(self.holder, renewed_at=time.time())
+            generation = self.store.replace(renewed.to_bytes(), self.generation)
+            if generation is None:
+                current = self.store.read()
+                if not _is_mine(current, renewed):  # not even a retried write of this renewal that landed
+                    held = _holder_or_none(current, self.store.path)
+                    who = "its lease is gone" if held is None else f"now held by {held.who()}"
+                    self.lost = f"another launch took the run over ({who}, {self.path})"
+                    return False
+                generation, renewed = current.generation, Holder.parse(current.data, self.store.path)
+            self.holder, self.generation = renewed, generation
+            self._renewed, self._renewal_error = time.monotonic(), None
+            return True
 
     def check(self) -> None:
         """Raises RunLeasedError if a renewal found the run taken over, StorageError if none has succeeded for half
@@ -278,7 +280,9 @@ def _holder_or_none(version: Optional[Version], path: str) -> Optional[Holder]:
 
 
 def _is_mine(version: Optional[Version], me: Holder) -> bool:
-    return version is not None and version.data == me.to_bytes()
+    """Whether the record is ``me``'s: its token (new at every take) is, whatever its renewal time says."""
+    held = _holder_or_none(version, "")
+    return held is not None and held.token == me.token
 
 
 def lease_path(config) -> str:

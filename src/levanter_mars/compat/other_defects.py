@@ -79,4 +79,12 @@ DEFECTS: tuple[Defect, ...] = (
         COMPAT_TESTS + "test_jax_tpu_probe.py::"
         "test_defect_48_jax_loads_libtpu_on_a_machine_without_a_tpu_and_the_package_keeps_it_quiet",
     ),
+    Defect(
+        49,
+        "ray==2.60.0",
+        "every node links /tmp/tpu_logs (libtpu's logs of any process on the machine) into its session and forwards "
+        "each file there to every job's driver log",
+        "compat.ray_local_nodes.own_tpu_log_dir",
+        COMPAT_TESTS + "test_ray_local_nodes.py::test_defect_49_ray_forwards_every_libtpu_log_on_the_machine_to_the_job",
+    ),
 )

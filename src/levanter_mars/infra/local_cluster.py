@@ -37,6 +37,7 @@ from levanter_mars.infra.local_node import (
     node_environment,
     node_position,
 )
+from levanter_mars.compat.ray_local_nodes import own_tpu_log_dir
 from levanter_mars.infra.ports import PortLease, reserve_ports
 from levanter_mars.infra.ray_processes import end_ray_processes, interrupt_processes
 
@@ -176,7 +177,8 @@ class LocalRayCluster:
         head = self.gcs_address if node else None
         args = ray_start_args(gcs_port=self.gcs_port, dashboard_port=self.dashboard_port, temp_dir=self.temp_dir,
                               extra_ports=extra_ports, worker_id=worker_id, head_address=head)  # fmt: skip
-        env = {**environ, **self.client_env(), **node_environment(self.num_hosts, worker_id, slice_id)}
+        env = {**environ, **self.client_env(), **node_environment(self.num_hosts, worker_id, slice_id),
+               **own_tpu_log_dir(self.temp_dir)}  # fmt: skip
         env.pop("RAY_ADDRESS")  # a node joins the cluster its command line names, no other
         ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
         command = [ray_bin, *args[1:]] if node == 0 else [sys.executable, "-m", JOIN_MODULE, *args[1:]]

@@ -15,11 +15,16 @@ from levanter_mars.training.config import ConfigError
 from levanter_mars.training.errors import (
     DECIDED_STOPS,
     CheckpointError,
+    CheckpointMismatchError,
     DataExhaustedError,
     EvalFailedError,
     ExitCode,
+    LeaseRecordError,
     NonFiniteTrainingError,
     ResizeRequested,
+    RunLeasedError,
+    StorageError,
+    StoragePathError,
 )
 from levanter_mars.training.outcome import RetryBudget, judge
 
@@ -29,19 +34,22 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("error,code", [
     (ConfigError("x"), 2), (TaskSpecError("x"), 2), (NonFiniteTrainingError("x"), 3), (DataExhaustedError("x"), 4),
     (CheckpointError("x"), 5), (EvalFailedError("x"), 6), (EvalDatasetError("x"), 6), (RuntimeError("bug"), 1),
-    (OSError("lost a peer"), 1), (ResizeRequested("x"), 7),
+    (OSError("lost a peer"), 1), (ResizeRequested("x"), 7), (StoragePathError("x"), 2),
+    (CheckpointMismatchError("another optimizer"), 2), (LeaseRecordError("x"), 2), (StorageError("lease"), 5),
+    (RunLeasedError("x"), 8), (KeyboardInterrupt(), 130),
 ])  # fmt: skip
 def test_each_stop_the_run_decides_has_its_own_code_and_anything_else_is_a_crash(error, code):
     assert exit_code(error) == code
 
 
 def test_launchers_retry_crashes_signals_storage_and_asked_resizes_only():
-    """On one host, with budgets left: what is retried (training/outcome.py has the whole policy)."""
+    """On one host, with budgets left: what is retried (training/outcome.py has the whole policy). A person's
+    interrupt, as the program reports it (130) or as a process killed by SIGINT (-2), is not."""
     retried = [c for c in range(-15, 160) if judge([c], RetryBudget(), {}).action == "retry"]
-    assert retried == [*range(-15, 0), 1, 5, 7, *range(128, 160)]
+    assert retried == [*range(-15, -2), -1, 1, 5, 7, 128, 129, *range(131, 160)]
     assert judge([7, -15], RetryBudget(), {}).retry_kind == "resize"  # the peer torn down after process 0 stopped
     assert judge([7, 7], RetryBudget(resize=1), {"resize": 1}).action == "give_up"
-    assert DECIDED_STOPS == {2, 3, 4, 5, 6}
+    assert DECIDED_STOPS == {2, 3, 4, 5, 6, 8, 130}
 
 
 def test_the_pod_driver_and_the_launcher_end_with_the_runs_own_code(capsys):
@@ -52,12 +60,12 @@ def test_the_pod_driver_and_the_launcher_end_with_the_runs_own_code(capsys):
     assert pod.run_attempts(results(3, 3), RetryBudget()) == 3
     assert "exit 3 (nonfinite stop)" in capsys.readouterr().err
     # The launcher reads the driver's exit code: a run's own stop is passed on, anything else is a failure.
-    assert [launch.launch_exit_code(c) for c in (2, 3, 4, 5, 6)] == [2, 3, 4, 5, 6]
+    assert [launch.launch_exit_code(c) for c in (2, 3, 4, 5, 6, 8, 130)] == [2, 3, 4, 5, 6, 8, 130]
     assert [launch.launch_exit_code(c) for c in (None, 1, 137, -9)] == [1, 1, 1, 1]
 
 
 def _table(text: str) -> dict[int, str]:
-    return {int(m.group(1)): m.group(2).strip() for m in re.finditer(r"^\| (\d) \| ([^|]+?) \|", text, re.M)}
+    return {int(m.group(1)): m.group(2).strip() for m in re.finditer(r"^\| (\d+) \| ([^|]+?) \|", text, re.M)}
 
 
 def test_the_table_is_the_same_in_the_code_the_readme_and_the_reliability_doc():

@@ -146,10 +146,15 @@ def test_a_dead_attempt_is_completed_by_the_next_and_its_redone_steps_are_lost(t
     assert a["seconds"]["train"] == pytest.approx(6.0)  # kept: the training before the checkpoint it resumed from
     assert a["seconds"]["lost"] == pytest.approx(2.0 + 4.0)  # redone (8 - 6), and the 4 s after its last record
     assert sum(a["seconds"].values()) == pytest.approx(54.0), "an attempt's seconds add up to its wall time"
-    assert (b["first_step"], b["exit_code"], b["seconds"]["lost"]) == (11, 0, 0.0)
-    assert sum(b["seconds"].values()) == pytest.approx(20.0)
-    # One launch: its wall runs from the first start to the last end, the restart in between included.
+    assert a["lost_detail"] == {"redone": 2.0, "unrecorded": 4.0, "between_attempts": 0.0}
+    # The 6 s between the first attempt's last sign of life and the restart are the launch's, lost before attempt 2.
+    assert (b["first_step"], b["exit_code"], b["seconds"]["lost"]) == (11, 0, 6.0)
+    assert b["lost_detail"] == {"redone": 0.0, "unrecorded": 0.0, "between_attempts": 6.0}
+    assert sum(b["seconds"].values()) == pytest.approx(20.0 + 6.0)
+    # One launch: its wall runs from the first start to the last end, the restart in between included, and its
+    # attempts' seconds, lost ones included, add up to it.
     assert data["wall_seconds"] == pytest.approx(80.0)
+    assert sum(sum(x["seconds"].values()) for x in (a, b)) == pytest.approx(data["wall_seconds"])
     assert data["productive_seconds"] == pytest.approx(6.0 + 9.0)
     assert data["goodput"] == pytest.approx(15.0 / 80.0, abs=1e-4)
     assert first.path == second.path and not list(run_dir.glob("*.tmp")), "written whole, then renamed"
@@ -185,8 +190,10 @@ def test_the_summary_and_the_timeline_show_every_attempt(tmp_path, now):
     lines = describe(data)
     assert lines[0].startswith(f"  goodput:     {data['goodput']}") and "2 attempt(s)" in lines[0]
     assert "1. launch L, its attempt 1: steps 0..14, no exit recorded" in lines[1]
-    assert "2. launch L, its attempt 2: steps 11..None, exit 0" in lines[2]
-    assert lines[3] == "  eval failed at step 20 (attempt 2): pydocs_mc: ValueError: scoring failed"
+    assert lines[2].strip().startswith("lost: redone ")  # what attempt 2 redid of attempt 1's training
+    assert "2. launch L, its attempt 2: steps 11..None, exit 0" in lines[3]
+    assert lines[4].strip().startswith("lost: between attempts ")
+    assert lines[5] == "  eval failed at step 20 (attempt 2): pydocs_mc: ValueError: scoring failed"
     png = plot_goodput(data, tmp_path / "goodput.png")
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n" and os.path.getsize(png) > 10_000
 

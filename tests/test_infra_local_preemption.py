@@ -129,3 +129,16 @@ def test_the_head_slice_an_unknown_slice_and_a_cluster_without_node_ports_are_re
     LocalRayCluster(str(tmp_path), num_hosts=1, num_slices=2).save()  # an older version's: no node ports
     older = local_cluster(state, "preempt", "--slice", "1")
     assert older.returncode == 2 and "names no node's ports" in older.stderr, older.stderr
+
+
+def test_a_cluster_that_is_gone_is_refused_by_name_not_asked(tmp_path):
+    """The launcher keeps a private cluster's directory (Ray's logs) after a run that did not finish, and stops the
+    cluster: its state file outlives it. `restore` of a slice there said nothing of that (a Ray AuthenticationError
+    from asking a GCS that is gone); it is refused from the state file and the processes alone."""
+    state = LocalRayCluster(str(tmp_path), gcs_port=1, dashboard_port=2, num_hosts=1, num_slices=2,
+                            node_manager_ports=[3, 4])  # fmt: skip
+    state.save()
+    for command in ("restore", "preempt"):
+        gone = local_cluster(state, command, "--slice", "1")
+        assert gone.returncode == 2 and f"that cluster is gone: no process of the cluster in {tmp_path}" in gone.stderr
+        assert "Traceback" not in gone.stderr, gone.stderr

@@ -18,7 +18,7 @@ from levanter_mars.infra import host, launch
 from levanter_mars.training.run import fresh
 from levanter_mars.training.run.identity import checkpoint_dir
 from levanter_mars.training.run.launch_id import ATTEMPT_STARTED_ENV, LAUNCH_ID_ENV
-from tests.helpers.training import tiny_config
+from tests.helpers.training import POLL_S, tiny_config
 
 #: The launch options run_on_private_cluster reads: one slice.
 ONE_SLICE = types.SimpleNamespace(num_slices="1", max_slices=1)
@@ -168,3 +168,55 @@ def test_the_private_clusters_client_server_proxy_is_one_of_its_processes(tmp_pa
         for p in (own, other):
             p.kill()
             p.wait()
+
+
+def test_stopping_a_local_cluster_interrupts_its_training_processes_before_it_ends_the_rest(tmp_path):
+    """The launcher's Ctrl-C stops its private cluster. A training process killed with its Ray worker (it dies with
+    its parent) leaves its run's lease and an open goodput attempt behind; so the stop first gives every training
+    process on the cluster a person's interrupt (SIGINT, exit 130) and time to act on it. Here a stand-in for the
+    training program (``python -m levanter_mars.main.train_lm`` by its command line) records the signals it gets."""
+    import subprocess
+
+    import psutil
+
+    from levanter_mars.infra.local_cluster import LocalRayCluster, is_training_process
+
+    fake = tmp_path / "fake" / "levanter_mars" / "main"
+    fake.mkdir(parents=True)
+    (fake.parent / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("")
+    seen = tmp_path / "signals.txt"
+    (fake / "train_lm.py").write_text(textwrap.dedent(f"""
+        import os, signal, sys, time
+        def record(signum, frame):
+            open({str(seen)!r}, "a").write(signal.Signals(signum).name + "\\n")
+            if signum == signal.SIGINT:
+                time.sleep(0.5)  # releasing the lease, closing the record
+                sys.exit(130)
+        signal.signal(signal.SIGINT, record)
+        signal.signal(signal.SIGTERM, record)
+        open({str(seen)!r}, "a").write(f"up {{os.getpid()}}\\n")
+        time.sleep(60)
+    """))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "fake")}
+    # Not a child of this process, as a Ray worker's is not (psutil would reap a child, and its code with it): the
+    # shell waits for it and exits with its code.
+    start = f"{sys.executable} -m levanter_mars.main.train_lm --config_path x.yaml & wait $!"
+    shell = subprocess.Popen(["sh", "-c", start], env=env)
+    other = subprocess.Popen(["sh", "-c", f"{sys.executable} -c 'import time; time.sleep(60)' & wait $!"])
+    try:
+        deadline = time.monotonic() + 60
+        while not seen.exists() and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        training = psutil.Process(int(seen.read_text().split()[1]))
+        (sleeper,) = psutil.Process(other.pid).children()
+        assert is_training_process(training) and not is_training_process(sleeper)
+        LocalRayCluster(temp_dir=str(tmp_path / "lm-ray-x"), pids=[training.pid, sleeper.pid]).stop(grace=10)
+        assert shell.wait(10) == 130 and seen.read_text().splitlines()[1:] == ["SIGINT"]
+        assert other.wait(10) == 128 + signal.SIGTERM  # the cluster's other processes are ended as before
+    finally:
+        for proc in (shell, other):
+            if proc.poll() is None:
+                for child in psutil.Process(proc.pid).children():
+                    child.kill()
+                proc.kill()

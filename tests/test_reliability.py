@@ -80,38 +80,55 @@ def test_kill_right_after_a_checkpoint(workdir, pydocs_corpus, reference_runs):
     rerun_matches_reference(config, paths, reference_runs, resumed_from=20)
 
 
-def test_a_second_launch_of_a_live_run_is_refused_and_its_rerun_after_a_kill_takes_the_run(workdir, reference_runs):
+def test_a_second_launch_of_a_live_run_is_refused_ctrl_c_releases_it_and_a_dead_holders_lease_is_taken(
+    workdir, reference_runs
+):
     """One live launch per run (training/run/lease.py). Derived from the reference run up to step 20: a launch held
-    alive at step 22, the same command again (refused, exit 2, nothing written), then a kill -9 and the same command
-    (its holder's process is gone on this machine: it takes the run and finishes like the uninterrupted run)."""
+    alive at step 22, the same command again (refused at once, exit 8, nothing written); then Ctrl-C of the live one
+    (exit 130, no traceback, its lease released, its goodput attempt closed with 130); then the lease a kill -9 would
+    have left put back (its holder's process is gone on this machine) and the same command: it takes the run and
+    finishes like the uninterrupted run."""
+    import signal
     import time
 
+    from levanter_mars.training.run.goodput import read_record
     from tests.helpers.training import start_cli
 
     config, paths = copy_of_run(*_reference(reference_runs), workdir, up_to_step=20, run_id="leased")
-    held = workdir / "leased-held"
-    live = start_cli(config, prelude=prelude("install_pause_at_step", step=22, signal_path=str(held)),
-                     log_path=workdir / "leased-live.log")
+    held, log = workdir / "leased-held", workdir / "leased-live.log"
+    live = start_cli(config, prelude=prelude("install_pause_at_step", step=22, signal_path=str(held)), log_path=log)
     try:
         deadline = time.monotonic() + 300
         while not held.exists() and live.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert held.exists(), (workdir / "leased-live.log").read_text()[-3000:]
+        assert held.exists(), log.read_text()[-3000:]
         lease = paths["checkpoints"].parent / (paths["checkpoints"].name + ".lease.json")
-        holder = json.loads(lease.read_text())
+        left_by_a_kill = lease.read_bytes()
+        holder = json.loads(left_by_a_kill)
         before = {p: p.read_bytes() for p in sorted(paths["checkpoints"].rglob("*")) if p.is_file()}
         before_metrics = paths["metrics"].read_bytes()
 
+        started = time.monotonic()
         second = run_cli(config)
-        assert second.returncode == 2, describe_failure(second)
+        print(f"the second launch refused in {time.monotonic() - started:.1f} s (exit {second.returncode})")
+        assert second.returncode == 8, describe_failure(second)  # the run is live elsewhere
         assert f"the run is live elsewhere: pid {holder['pid']} on host" in output(second), output(second)[-3000:]
         assert "--take_over true" in output(second)
         assert {p: p.read_bytes() for p in sorted(paths["checkpoints"].rglob("*")) if p.is_file()} == before
         assert paths["metrics"].read_bytes() == before_metrics
         assert json.loads(lease.read_text())["token"] == holder["token"]
+
+        live.send_signal(signal.SIGINT)  # Ctrl-C
+        assert live.wait(120) == 130, log.read_text()[-3000:]
     finally:
-        live.kill()
-        live.wait()
+        if live.poll() is None:
+            live.kill()
+            live.wait()
+    said = log.read_text()
+    assert "Traceback" not in said and "interrupted: the run stopped" in said, said[-3000:]
+    assert not lease.exists(), "Ctrl-C released the lease"
+    assert read_record(paths["run_dir"] / "goodput.json")["attempts"][-1]["exit_code"] == 130
+    lease.write_bytes(left_by_a_kill)  # as a kill -9 of the same process would have left it
     rerun = rerun_matches_reference(config, paths, reference_runs, resumed_from=20)
     assert f"its holder, pid {holder['pid']} on this machine, is gone" in output(rerun)
     assert not lease.exists(), "released at the end"
@@ -215,11 +232,12 @@ def test_huge_gradient_batch_does_not_wreck_training(workdir, pydocs_corpus, ref
 
 def test_resume_with_a_different_optimizer_is_refused(workdir, reference_runs, capsys):
     """The reference run's MARS-AdamW checkpoints, resumed with Adam: refused before anything is built (so in this
-    process), naming both optimizers, and nothing is quarantined."""
+    process), a config error (exit 2: no retry can resume another optimizer's state) naming the field and both
+    optimizers, and nothing is quarantined."""
     reference_config, reference_paths = _reference(reference_runs)
     config, paths = copy_of_run(reference_config, reference_paths, workdir, up_to_step=20, run_id="optimizer-switch")
     code, out = run_cli_in_process(capsys, config, "--optimizer.type", "adam", "--optimizer.learning_rate", "1e-3")
-    assert code == 5, out[-3000:]  # checkpoint storage unusable: a retry would stop the same way
+    assert code == 2 and "config error:" in out, out[-3000:]
     assert "optimizer.type='mars-adamw'" in out and "optimizer.type='adam'" in out, out[-3000:]
     assert [s.state for s in audit_run(str(paths["checkpoints"]))] == ["verified", "verified"], "nothing quarantined"
     manifest = json.loads((paths["checkpoints"] / "step-20" / MANIFEST_NAME).read_text())

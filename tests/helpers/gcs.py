@@ -3,8 +3,12 @@
 Clients reach it through the two standard variables only (``STORAGE_EMULATOR_HOST`` for gcsfs,
 ``TENSORSTORE_GCS_HTTP_URL`` for tensorstore), with anonymous access; product code knows nothing about it.
 
-Three gaps of the emulator are filled here, as real GCS behaves:
+Four gaps of the emulator are filled here, as real GCS behaves:
 
+* preconditions are ignored: ``ifGenerationMatch`` on an upload, a download or a delete (the run's lease creates with
+  ``ifGenerationMatch=0`` and replaces and releases with the generation it read, ``training/run/lease_store.py``) is
+  honoured here, with GCS's 412 when it does not hold; each request is served alone (the server has one thread), so
+  the check and the write are one step, as on GCS;
 * listings ignore ``startOffset``/``endOffset``, so tensorstore's ``delete_existing`` of one array (listing its key
   range, then deleting what is listed) deletes its sibling arrays' objects too (a token cache lost its
   ``offsets/zarr.json``);
@@ -84,9 +88,48 @@ def _with_key_ranges(ls):
     return gcs_ls
 
 
+def _upload_name(request):
+    if "name" in request.query:
+        return request.query["name"][0]
+    data = request.data  # parsed once and kept: the emulator's handler reads the same
+    if isinstance(data, dict):
+        meta = data.get("meta") if isinstance(data.get("meta"), dict) else data
+        return meta.get("name")
+    return None
+
+
+def _with_preconditions(handler, name_of):
+    """Answers 412 before ``handler`` runs when ``ifGenerationMatch`` does not hold (0: the object must not exist)."""
+
+    def gcs_handler(request, response, storage, *args, **kwargs):
+        wanted = (request.query.get("ifGenerationMatch") or [None])[0]
+        if wanted is not None:
+            try:
+                current = str(storage.get_file_obj(request.params["bucket_name"], name_of(request))["generation"])
+            except Exception:  # noqa: BLE001 - no such object (NotFound): generation 0
+                current = "0"
+            if current != str(int(wanted)):
+                response.status = HTTPStatus.PRECONDITION_FAILED
+                response.json({"error": {"code": 412, "message": "At least one of the pre-conditions you specified "
+                                         "did not hold.", "errors": [{"reason": "conditionNotMet"}]}})  # fmt: skip
+                return None
+        return handler(request, response, storage, *args, **kwargs)
+
+    return gcs_handler
+
+
+def _object_name(request):
+    return request.params["object_id"]
+
+
 @contextmanager
 def _patched_handlers() -> Iterator[None]:
-    patches = {objects.download: _as_gcs_downloads(objects.download), objects.ls: _with_key_ranges(objects.ls)}
+    patches = {
+        objects.download: _with_preconditions(_as_gcs_downloads(objects.download), _object_name),
+        objects.ls: _with_key_ranges(objects.ls),
+        objects.insert: _with_preconditions(objects.insert, _upload_name),
+        objects.delete: _with_preconditions(objects.delete, _object_name),
+    }
     routes = [handlers for _, handlers in emulator_server.HANDLERS if set(patches) & set(handlers.values())]
 
     def install(replacements):
@@ -96,6 +139,8 @@ def _patched_handlers() -> Iterator[None]:
         # objects.get(alt=media) calls download by its module-level name
         objects.download = replacements.get(objects.download, objects.download)
         objects.ls = replacements.get(objects.ls, objects.ls)
+        objects.insert = replacements.get(objects.insert, objects.insert)
+        objects.delete = replacements.get(objects.delete, objects.delete)
 
     install(patches)
     try:

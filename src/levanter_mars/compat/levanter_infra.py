@@ -64,7 +64,12 @@ PREEMPTED_MESSAGE = "TPU job was preempted too many times"
 
 
 class SlicesPreempted(RuntimeError):
-    """A slice of the attempt was preempted (or a host lost): Levanter's run_on_pod gave up on it."""
+    """A slice of the attempt was preempted (or a host lost): Levanter's run_on_pod gave up on it. ``exits``: what
+    the launcher knows of the hosts' ends (the hosts that reported, then the lost), if anything."""
+
+    def __init__(self, message: str, exits=None):
+        super().__init__(message)
+        self.exits = list(exits) if exits else None
 
 
 def run_on_slices(remote_fn, tpu_type: str, slices: int) -> list:

@@ -69,4 +69,22 @@ DEFECTS: tuple[Defect, ...] = (
         "compat.cli.help_lists_each_option_once",
         COMPAT_TESTS + "test_cli_help.py::test_defect_44_draccus_lists_a_nested_fields_config_option_twice",
     ),
+    Defect(
+        48,
+        "jax==0.10.2",
+        "with libtpu installed, jax loads it to look for a TPU on a machine whose PCI scan found none: libtpu's "
+        "start-up noise (Failed to find host bounds, E0000 ... unexpected worker hostname) on every command's "
+        "stderr, and /tmp/libtpu_lockfile taken",
+        "compat.jax_tpu_probe.no_tpu_probe_without_a_tpu",
+        COMPAT_TESTS + "test_jax_tpu_probe.py::"
+        "test_defect_48_jax_loads_libtpu_on_a_machine_without_a_tpu_and_the_package_keeps_it_quiet",
+    ),
+    Defect(
+        49,
+        "ray==2.60.0",
+        "every node links /tmp/tpu_logs (libtpu's logs of any process on the machine) into its session and forwards "
+        "each file there to every job's driver log",
+        "compat.ray_local_nodes.own_tpu_log_dir",
+        COMPAT_TESTS + "test_ray_local_nodes.py::test_defect_49_ray_forwards_every_libtpu_log_on_the_machine_to_the_job",
+    ),
 )

@@ -1,4 +1,6 @@
-"""Defect 23: Ray 2.60's ``ray start --address`` refuses to add a node to a cluster while
+"""Defects 23 and 49 of Ray on the local engine's nodes.
+
+Defect 23: Ray 2.60's ``ray start --address`` refuses to add a node to a cluster while
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, the one setting that keeps every listener of a node on 127.0.0.1 (without
 it Ray also listens on 0.0.0.0, ``::`` and the machine's address, even with ``--node-ip-address 127.0.0.1``).
 
@@ -11,7 +13,22 @@ in its own process only. The same switch also makes Ray replace a loopback head 
 
 from __future__ import annotations
 
+import os
 import sys
+
+# Defect 49: every Ray node links libtpu's log directory (``$TPU_LOG_DIR`` if it is a directory, else
+# /tmp/tpu_logs) into its session's logs, and its log monitor forwards every file there to every job's driver. On a
+# TPU VM those are the run's own libtpu logs; on a shared machine they are any process's (another user's pre-flight,
+# a benchmark's compile), which then filled the local pod's log. The local engine's nodes get an empty directory of
+# their own cluster's instead: nothing of the local pod loads libtpu (compat defect 48).
+TPU_LOG_DIR = "TPU_LOG_DIR"
+
+
+def own_tpu_log_dir(temp_dir: str) -> dict[str, str]:
+    """The node environment that points Ray's link at the cluster's own (empty) directory, made here."""
+    path = os.path.join(temp_dir, "tpu_logs")
+    os.makedirs(path, exist_ok=True)
+    return {TPU_LOG_DIR: path}
 
 
 def ray_start(argv: list[str]) -> int:

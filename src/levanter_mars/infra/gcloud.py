@@ -30,6 +30,7 @@ from levanter.infra.docker import make_docker_run_command
 from levanter_mars.infra.config import JobConfig, LaunchError
 from levanter_mars.infra.host import TRAIN_MODULE
 from levanter_mars.infra.plan import REDACTED, PreparedRun, prepare_cli
+from levanter_mars.training.errors import DECIDED_STOPS
 from levanter_mars.training.outcome import LOST, RetryBudget, judge
 from levanter_mars.training.run.launch_id import LAUNCH_ID_ENV, new_launch_id
 
@@ -215,8 +216,10 @@ class GcloudRunner:
                 for node in self.plan.nodes:
                     self._call(self.plan.setup(node))
                 codes = self.train_once()
-                # A slice that left ACTIVE took its hosts with it: whatever ssh reported, they were lost.
-                exits = codes if all(c == 0 for c in codes) or self.state() == ACTIVE else [LOST] * len(codes)
+                # A slice that left ACTIVE took its hosts with it: ssh's report of a host is its loss, unless the
+                # training program had ended first with a stop it decided (which then wins: training/outcome.py).
+                lost = not all(c == 0 for c in codes) and self.state() != ACTIVE
+                exits = [LOST if lost and c not in DECIDED_STOPS else c for c in codes]
                 verdict = judge(exits, budget, used)
                 self._say(f"{verdict.action.replace('_', ' ')}: {verdict.reason}")
                 if verdict.ends:

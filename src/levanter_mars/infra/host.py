@@ -110,12 +110,13 @@ def local_host_setup(local: LocalHost, environ: Mapping[str, str]) -> tuple[list
 
 def run_host(
     train_argv: Sequence[str], workdir: Optional[str], local: Optional[LocalHost], secrets: Mapping[str, str],
-    launch_id: Optional[str] = None, slice_change: Optional[str] = None,
+    launch_id: Optional[str] = None, slice_change: Optional[str] = None, exit_board: Optional[str] = None,
 ) -> dict:
     """Runs the training program to completion and returns how it ended, whatever that was: the driver judges every
     host's exit together (``training/outcome.py``), since a host's crash or signal may only follow another host's
     decision (process 0 decides a stop, then its peers are torn down). ``run_on_pod`` would retry a host that raised
-    before the others had ended. ``process`` orders the hosts: slice, then worker."""
+    before the others had ended. ``process`` orders the hosts: slice, then worker. ``exit_board``: the attempt's
+    (``exit_board.py``), where the result is also posted, for the driver to read if a slice is lost."""
     started = time.time()  # the goodput record's start of this attempt: the launcher's clock, before the interpreter
     host = socket.gethostname()
     env = training_environment(os.environ, secrets, local is not None, launch_id)
@@ -140,18 +141,31 @@ def run_host(
             proc.kill()
             proc.wait()
     process = (int(os.environ.get("MEGASCALE_SLICE_ID", 0)), int(os.environ.get("TPU_WORKER_ID", 0)))
-    return {"host": host, "pid": proc.pid, "returncode": code, "process": process}
+    result = {"host": host, "pid": proc.pid, "returncode": code, "process": process}
+    if exit_board:
+        _post(exit_board, result)
+    return result
+
+
+def _post(exit_board: str, result: dict) -> None:
+    from levanter_mars.infra.exit_board import post_to
+
+    try:
+        post_to(exit_board, result)
+    except Exception as e:  # noqa: BLE001 - the result still goes back the usual way; a lost slice needs the board
+        print(f"could not post this host's result to the attempt's exit board: {type(e).__name__}: {e}",
+              file=sys.stderr)  # fmt: skip
 
 
 def host_task(
     train_argv: Sequence[str], workdir: Optional[str], local: Optional[LocalHost], secrets: Mapping[str, str],
-    launch_id: Optional[str] = None, slice_change: Optional[str] = None,
+    launch_id: Optional[str] = None, slice_change: Optional[str] = None, exit_board: Optional[str] = None,
 ) -> Callable[[], dict]:
     """The no-argument function ``run_on_pod`` runs on every host. The credentials ride in the closure (pickled
     into the Ray head's memory), not in a runtime environment, which Ray would write to its logs."""
     train_argv, secrets = list(train_argv), dict(secrets)
 
     def train_on_this_host() -> dict:
-        return run_host(train_argv, workdir, local, secrets, launch_id, slice_change)
+        return run_host(train_argv, workdir, local, secrets, launch_id, slice_change, exit_board)
 
     return train_on_this_host

@@ -18,8 +18,9 @@ import signal
 import sys
 from typing import Optional, Sequence
 
-# The launcher plans and submits; it never computes. JAX must not probe for a TPU here (libtpu's start-up noise on a
-# machine without one): the hosts' training processes choose their own platform (the local engine's are CPUs anyway).
+# The launcher plans and submits; it never computes, and on a TPU VM it must not take the chips its own run's host
+# needs: the hosts' training processes choose their own platform (the local engine's are CPUs anyway). (On a machine
+# without a TPU no command probes for one: levanter_mars/__init__.py, compat defect 48.)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from levanter_mars.infra.config import LaunchError, RayLaunchConfig, parse_args  # noqa: E402

@@ -37,8 +37,9 @@ from levanter_mars.infra.local_node import (
     node_environment,
     node_position,
 )
+from levanter_mars.compat.ray_local_nodes import own_tpu_log_dir
 from levanter_mars.infra.ports import PortLease, reserve_ports
-from levanter_mars.infra.ray_processes import end_ray_processes
+from levanter_mars.infra.ray_processes import end_ray_processes, interrupt_processes
 
 # slices.py (it imports Levanter and Ray: seconds) is imported where used: `stop`, `env`, `preempt` do without it.
 
@@ -176,7 +177,8 @@ class LocalRayCluster:
         head = self.gcs_address if node else None
         args = ray_start_args(gcs_port=self.gcs_port, dashboard_port=self.dashboard_port, temp_dir=self.temp_dir,
                               extra_ports=extra_ports, worker_id=worker_id, head_address=head)  # fmt: skip
-        env = {**environ, **self.client_env(), **node_environment(self.num_hosts, worker_id, slice_id)}
+        env = {**environ, **self.client_env(), **node_environment(self.num_hosts, worker_id, slice_id),
+               **own_tpu_log_dir(self.temp_dir)}  # fmt: skip
         env.pop("RAY_ADDRESS")  # a node joins the cluster its command line names, no other
         ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
         command = [ray_bin, *args[1:]] if node == 0 else [sys.executable, "-m", JOIN_MODULE, *args[1:]]
@@ -228,13 +230,17 @@ class LocalRayCluster:
         return cls(**state)
 
     def stop(self, grace: float = 10.0) -> list[int]:
-        """Terminates this cluster's processes (found again now: workers come and go), then kills stragglers."""
+        """Terminates this cluster's processes (found again now: workers come and go), then kills stragglers. The
+        training processes on it first get a person's interrupt, as a Ctrl-C of the command would give them, and
+        ``grace`` s to act on it: each releases its run's lease and records its end (exit 130); killed with their
+        Ray worker (``host.py``: they die with their parent), they would leave both behind."""
         import psutil
 
         procs = []
         for pid in set(self.pids) | set(self._find_pids()):
             with contextlib.suppress(psutil.NoSuchProcess):
                 procs.append(psutil.Process(pid))
+        interrupt_processes([p for p in procs if is_training_process(p)], grace)
         end_ray_processes(procs, grace)
         if self.ports is not None:
             self.ports.release()
@@ -242,6 +248,20 @@ class LocalRayCluster:
 
     def is_running(self) -> bool:
         return bool(self._find_pids())
+
+
+def is_training_process(proc) -> bool:
+    """Whether ``proc`` (psutil) runs the training program (``python -m levanter_mars.main.train_lm``, as a host task
+    starts it)."""
+    import psutil
+
+    from levanter_mars.infra.host import TRAIN_MODULE
+
+    try:
+        cmdline = proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+    return cmdline[1:3] == ["-m", TRAIN_MODULE]
 
 
 def main(argv: Sequence[str]) -> int:

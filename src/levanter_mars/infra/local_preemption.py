@@ -56,7 +56,7 @@ def run_as_client(argv: Sequence[str]) -> int:
         cluster = LocalRayCluster.load(args.temp_dir)
     except FileNotFoundError:
         return _refuse(args, f"--temp_dir {args.temp_dir}: no local cluster's state file there")
-    if why := refusal(args, cluster):  # refused here, before a second import of Ray and the rest
+    if why := refusal(args, cluster) or gone(cluster):  # refused here, before a second import of Ray and the rest
         return _refuse(args, why)
     sys.stdout.flush()
     env = {**os.environ, **cluster.client_env(), AS_CLIENT: "1"}
@@ -145,6 +145,15 @@ def refusal(args: argparse.Namespace, cluster: LocalRayCluster) -> str:
     return ""
 
 
+def gone(cluster: LocalRayCluster) -> str:
+    """Why the cluster cannot be asked ('' if it runs): its state file outlives it (the launcher keeps a private
+    cluster's directory, its logs, after a run that did not finish; the cluster itself it stops)."""
+    if cluster.is_running():
+        return ""
+    return (f"that cluster is gone: no process of the cluster in {cluster.temp_dir} runs (the launcher stops its "
+            f"private cluster when it ends; its directory keeps Ray's logs). Start a new one, or launch again")
+
+
 def gcs_refusal(args: argparse.Namespace, cluster: LocalRayCluster) -> str:
     """Why the command must not run now ('' if it may): preempt needs the slice up, restore needs it down."""
     up = alive_nodes(cluster, args.slice)
@@ -163,7 +172,7 @@ def _refuse(args: argparse.Namespace, why: str) -> int:
 def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(argv)
     cluster = LocalRayCluster.load(args.temp_dir)
-    if why := refusal(args, cluster) or gcs_refusal(args, cluster):
+    if why := refusal(args, cluster) or gone(cluster) or gcs_refusal(args, cluster):
         return _refuse(args, why)
     try:
         if args.command == "preempt":

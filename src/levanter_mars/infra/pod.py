@@ -13,10 +13,12 @@ or its Ray worker is a preemption. Every attempt uses the same run id and so res
 Each attempt runs on one slice count (``slice_choice.py``): the largest first, after a preemption the largest whose
 slices are up now, and a run on fewer grows back at a checkpoint once slices return (``--num_slices 2,1``).
 
-Only what can succeed on a retry is retried: a crash, a lost host, a preemption. A stop the run decided (a config
-error, a non-finite stop, exhausted data, unusable checkpoint storage, a failed eval: ``training/errors.py``) ends the
-launch at once with the run's own exit code, and one-shot actions (``fresh=true``) happen once per launch: every
-attempt gets this driver's launch id.
+Only what can succeed on a retry is retried: a crash, a lost host, a preemption, the cluster failing to run an
+attempt (on the failure budget), unusable storage (a bounded number of times). A stop the run decided (a config
+error, a non-finite stop, exhausted data, a failed eval, the run live elsewhere, a person's interrupt:
+``training/errors.py``) ends the launch at once with the run's own exit code, also when a slice was lost with it (each
+host posts its end to the attempt's exit board, ``exit_board.py``), and one-shot actions (``fresh=true``) happen once
+per launch: every attempt gets this driver's launch id.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import ray
 from levanter_mars.compat.levanter_infra import SlicesPreempted, run_on_slices
 from levanter_mars.compat.ray_jobs import RAY_JOB_CONFIG_JSON_ENV_VAR
 from levanter_mars.infra.config import SECRET_METADATA_PREFIX, LaunchError, parse_slice_counts, split_overrides
+from levanter_mars.infra.exit_board import start_exit_board
 from levanter_mars.infra.host import LocalHost, host_task
 from levanter_mars.infra.local_node import LOCAL_SLICE_SHAPES, slice_name
 from levanter_mars.infra.slices import (
@@ -48,8 +51,8 @@ from levanter_mars.infra.slices import (
     launch_slice,
 )
 from levanter_mars.infra.slice_choice import ScaleUpWatch, change_note, first_count, next_count
-from levanter_mars.training.errors import ExitCode
-from levanter_mars.training.outcome import LOST, RESIZE, RetryBudget, Verdict, judge
+from levanter_mars.training.errors import ExitCode, StorageError
+from levanter_mars.training.outcome import LOST, NOT_RUN, RESIZE, RetryBudget, Verdict, judge
 from levanter_mars.training.run import resize
 from levanter_mars.training.run.launch_id import new_launch_id
 
@@ -172,7 +175,10 @@ def main(argv: Sequence[str]) -> int:
     finally:
         demand_slices(kind, 0)
         if pod.resize_request:
-            resize.clear(pod.resize_request)
+            try:
+                resize.clear(pod.resize_request)
+            except StorageError as e:  # the launch has its code; a request left behind names this launch only
+                logger.warning("%s", e)
 
 
 def demand_slices(kind: SliceType, count: int) -> None:
@@ -219,16 +225,20 @@ class SliceAttempts:
         host, rendezvous_actor = self._local_hosts(slices)  # the actor lives as long as this attempt holds it
         # max_retries=0: Ray must not silently re-run a host whose worker died; it is a preemption (a lost host).
         # max_calls=1: a fresh worker (and TPU runtime) per attempt, as run_on_pod requires.
-        task = host_task(self.train_argv, self.pod.workdir, host, self.secrets, self.launch_id, slice_change=change)
+        board_name, board = start_exit_board()  # what each host decided, should a slice be lost
+        task = host_task(self.train_argv, self.pod.workdir, host, self.secrets, self.launch_id, slice_change=change,
+                         exit_board=board_name)  # fmt: skip
         remote = ray.remote(max_calls=1, max_retries=0)(task)
         watch = ScaleUpWatch(self.counts, slices, present, self.pod.scale_up_wait_s, self.pod.resize_request or "",
                              self.launch_id)  # fmt: skip
         try:
             with watch if self.pod.resize_request else contextlib.nullcontext():
                 return run_on_slices(remote, self.pod.tpu_type, slices)
+        except SlicesPreempted as e:
+            raise SlicesPreempted(str(e), exits=exits_after_loss(_posted(board), slices * self.kind.hosts)) from e
         finally:  # the watch has ended: what it asked, if anything, is final
             self.asked = watch.asked.reason if watch.asked is not None else None
-            del rendezvous_actor
+            del rendezvous_actor, board
 
     def _local_hosts(self, slices: int) -> tuple[Optional[LocalHost], object]:
         if self.local is None:
@@ -242,21 +252,44 @@ class SliceAttempts:
         return dataclasses.replace(host, rendezvous=name), actor
 
 
+def _posted(board) -> list[dict]:
+    try:
+        return ray.get(board.results.remote(), timeout=30)
+    except Exception as e:  # noqa: BLE001 - the board went with the slice: every host counts as lost
+        logger.warning("could not read the attempt's exit board: %s: %s", type(e).__name__, e)
+        return []
+
+
+def _by_process(results: Sequence[dict]) -> list[dict]:
+    return sorted(results, key=lambda r: tuple(r.get("process", (0, 0))))
+
+
+def exits_after_loss(posted: Sequence[dict], hosts: int) -> list:
+    """The exits of an attempt that lost a slice: those the hosts posted (process order), then the rest as lost, so
+    that a stop the run decided is judged as such (``training/outcome.py``)."""
+    exits = [r["returncode"] for r in _by_process(posted)]
+    return exits + [LOST] * max(0, hosts - len(exits))
+
+
 def run_attempts(attempt: Callable[[Optional[Verdict]], Sequence[dict]], budget: RetryBudget, say=print) -> int:
     """Runs attempts until the outcome policy ends the launch; returns its exit code. ``attempt(verdict on the one
     before)`` returns every host's result (``returncode``, ``process``), raises SlicesPreempted when a slice was
-    preempted (a lost host: retried as a preemption), or raises when a slice could not run it at all."""
+    preempted (with what the hosts that ended reported; the rest are lost hosts), or raises when the cluster could
+    not run it at all (a failure, on the failure budget)."""
     used: dict[str, int] = {}
     verdict: Optional[Verdict] = None
     while True:
         try:
-            exits = [r["returncode"] for r in sorted(attempt(verdict), key=lambda r: tuple(r.get("process", (0, 0))))]
+            exits = [r["returncode"] for r in _by_process(attempt(verdict))]
         except SlicesPreempted as e:
             say(f"a slice of the attempt was preempted or lost a host: {e}", file=sys.stderr)
-            exits = [LOST]
-        except Exception as e:  # noqa: BLE001 - run_on_pod re-raises its last problem when it gives up
-            say(f"error: the slice could not run the attempt, gave up: {type(e).__name__}: {e}", file=sys.stderr)
-            return ExitCode.CRASH
+            exits = e.exits or [LOST]
+        except StorageError as e:  # the driver's own storage step (clearing a resize request): retried as storage
+            say(f"error: {e}", file=sys.stderr)
+            exits = [ExitCode.CHECKPOINT_STORAGE]
+        except Exception as e:  # noqa: BLE001 - run_on_pod re-raises its last problem (a TpuRunError) when it gives up
+            say(f"error: the cluster could not run the attempt: {type(e).__name__}: {e}", file=sys.stderr)
+            exits = [NOT_RUN]
         verdict = judge(exits, budget, used)
         say(f"launch {verdict.action.replace('_', ' ')}: {verdict.reason}",
             file=sys.stdout if verdict.action == "done" else sys.stderr)  # fmt: skip

@@ -4,6 +4,7 @@ to what is left after a grace."""
 from __future__ import annotations
 
 import contextlib
+import signal
 from typing import Sequence
 
 
@@ -38,6 +39,14 @@ def end_processes(procs: Sequence, grace: float) -> int:
     return len(alive)
 
 
+def interrupt_processes(procs: Sequence, grace: float) -> None:
+    """SIGINT (a person's Ctrl-C) to ``procs``, and up to ``grace`` s for them to end by themselves."""
+    import psutil
+
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(signal.SIGINT)
+    psutil.wait_procs(procs, timeout=grace)
 
 
 def end_ray_processes(procs: Sequence, grace: float) -> None:

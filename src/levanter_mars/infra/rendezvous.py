@@ -54,14 +54,24 @@ class Rendezvous:
 NAMESPACE = "levanter_mars"
 
 
+def start_named(actor_class, prefix: str, *args) -> tuple[str, object]:
+    """Starts one of the job's actors (no CPU of its own, on one of the cluster's nodes) under a name unique to the
+    job, which host tasks find it by; returns the name and its handle: the actor lives as long as the caller holds
+    the handle."""
+    name = f"{prefix}-{uuid.uuid4().hex}"
+    return name, ray.remote(num_cpus=0)(actor_class).options(name=name, namespace=NAMESPACE).remote(*args)
+
+
+def named(name: str):
+    """The job's actor called ``name`` (from a host task)."""
+    return ray.get_actor(name, namespace=NAMESPACE)
+
+
 def start_rendezvous(num_hosts: int) -> tuple[str, object]:
-    """Starts the job's rendezvous actor (on one of the local pod's nodes, all on this machine) and returns its name,
-    unique to the job, and its handle: the actor lives as long as the caller holds the handle."""
-    name = f"rendezvous-{uuid.uuid4().hex}"
-    return name, ray.remote(num_cpus=0)(Rendezvous).options(name=name, namespace=NAMESPACE).remote(num_hosts)
+    """Starts the job's rendezvous actor and returns its name and handle (:func:`start_named`)."""
+    return start_named(Rendezvous, "rendezvous", num_hosts)
 
 
 def coordinator_port(name: str, process_id: int) -> int:
     """Asks the job's rendezvous for this attempt's coordinator port (blocks until every host has asked)."""
-    rendezvous = ray.get_actor(name, namespace=NAMESPACE)
-    return ray.get(rendezvous.coordinator_port.remote(process_id, os.getpid()))
+    return ray.get(named(name).coordinator_port.remote(process_id, os.getpid()))

@@ -1,7 +1,7 @@
 """``python -m levanter_mars.main.train_lm --config_path config/<file>.yaml [--section.field value ...]``
 
 The program's order, on one process or on every host of a pod alike: parse; start ``jax.distributed`` (nothing
-touches a JAX backend before it); validate; take the run's lease (one live launch per run, ``training/run/lease.py``);
+touches a JAX backend before it); take the run's lease (one live launch per run, ``training/run/lease.py``); validate;
 point JAX at the run's compilation cache; prepare what is shared (corpus, token caches, set-asides, the resume
 decision: process 0 acts, the others wait for its answer); open the goodput record (process 0); build; train;
 summarize (process 0); release the lease. The exit code says how it ended (``training/errors.py``).
@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
 from typing import Optional, Sequence
 
 import levanter
@@ -49,13 +51,15 @@ def main(config: TrainAndEvalConfig) -> Optional[RunSummary]:
 
     pod_start.start(config.trainer)
     config.trainer.id = stable_run_id(config)
-    if config.embedded_corpus:
-        validation.check_embedded_corpus(config)  # before the corpus is built from it
-        distributed.leader_decides(
-            lambda: bool(pydocs_corpus.prepare(config.embedded_corpus, config.embedded_corpus_sources)))
-    validation.validate(config)
-    lease = run_lease.acquire_for(config)  # one live launch per run: refused here, nothing of the run touched
+    # One live launch per run: refused here, before the data or the model is looked at and nothing of the run touched
+    # (a second launch learns it in the seconds its imports take).
+    lease = run_lease.acquire_for(config)
     try:
+        if config.embedded_corpus:
+            validation.check_embedded_corpus(config)  # before the corpus is built from it
+            distributed.leader_decides(
+                lambda: bool(pydocs_corpus.prepare(config.embedded_corpus, config.embedded_corpus_sources)))
+        validation.validate(config)
         return _train(config, clock, lease)
     finally:
         if lease is not None:
@@ -119,17 +123,42 @@ _EXIT_CODES = ((ConfigError, ExitCode.CONFIG_ERROR), (TaskSpecError, ExitCode.CO
 
 
 def exit_code(error: BaseException) -> int:
-    """The exit code of a run that ended with ``error``: a stop it decided, or a crash (1)."""
+    """The exit code of a run that ended with ``error``: a stop it decided, a person's interrupt, or a crash (1)."""
     if isinstance(error, KeyboardInterrupt):
-        return 130
+        return ExitCode.INTERRUPTED
     return next((code for cls, code in _EXIT_CODES if isinstance(error, cls)), ExitCode.CRASH)
+
+
+class _Interrupts:
+    """Whether a person interrupted the program (SIGINT), even where the KeyboardInterrupt it raised reached us as
+    another error (a library that wrapped it, or a thread that died of it)."""
+
+    def __init__(self):
+        self.seen = False
+
+    def __call__(self, signum, frame):
+        self.seen = True
+        raise KeyboardInterrupt
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    interrupts = _Interrupts()
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may handle signals
+        return _run_cli(argv, interrupts)
+    previous = signal.signal(signal.SIGINT, interrupts)
+    try:
+        return _run_cli(argv, interrupts)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _run_cli(argv: list[str], interrupts: _Interrupts) -> int:
     try:
         summary = main(parse_train_config(argv))
     except Exception as e:  # noqa: BLE001 - reported, then the exit code says which kind
+        if interrupts.seen:
+            return _interrupted()
         code = exit_code(e)
         if code == ExitCode.CRASH:
             if not distributed.is_multiprocess():
@@ -139,9 +168,18 @@ def cli(argv: Optional[Sequence[str]] = None) -> int:
         if distributed.is_multiprocess():
             distributed.exit_now(code, together=getattr(e, "decided_together", False))
         return code
+    except KeyboardInterrupt:  # a person's decision, not a crash: no traceback, and no launcher retries 130
+        return _interrupted()
     if summary is not None:
         print(summary.describe())
     return ExitCode.DONE
+
+
+def _interrupted() -> int:
+    print("interrupted: the run stopped (its lease released); rerun the same command to resume", file=sys.stderr)
+    if distributed.is_multiprocess():
+        distributed.exit_now(ExitCode.INTERRUPTED)
+    return ExitCode.INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -4,18 +4,20 @@ Each error is raised on every process alike (process 0's decisions reach the oth
 :func:`~levanter_mars.training.distributed.leader_decides`), and the entry point maps it to an exit code. Every
 launcher judges its hosts' codes by one policy (``training/outcome.py``): it retries a crash (1, or a process killed by
 a signal), a lost host and a preemption, unusable storage a bounded number of times, and ends the launch with the code
-the run decided otherwise, which it then exits with itself.
+the run decided otherwise, which it then exits with itself. A person's interrupt (130) is never retried.
 
 | code | meaning | retried by a launcher |
 | --- | --- | --- |
 | 0 | done (or already complete) | - |
 | 1 | crash: an error the run did not decide (a bug, a lost peer, an out-of-memory kill reads as a signal) | yes |
-| 2 | config error: nothing was trained; the message names the field or file (a storage path no retry can write: a file in the way, no permission, read-only); or the run is live elsewhere (its lease, `training/run/lease.py`) | no |
+| 2 | config error: nothing was trained; the message names the field or file (a storage path no retry can write: a file in the way, no permission, read-only; a checkpoint from another optimizer or model config; a lease record no launch of this program wrote) | no |
 | 3 | non-finite stop: a NaN/Inf with `trainer.nonfinite: stop`, or too many skipped steps in a row | no |
 | 4 | data exhausted before `trainer.num_train_steps` (the last checkpoint was saved) | no |
-| 5 | checkpoint storage unusable: a checkpoint cannot be written (disk full, the storage service failing) or resumed (another optimizer) | `storage_retries` times (2) |
+| 5 | storage unusable: a checkpoint, the run's lease or a resize request cannot be written or read (disk full, the storage service failing), or the lease could not be renewed for half its TTL | `storage_retries` times (2) |
 | 6 | eval failed, with `eval_harness_failure: stop` (the default, `continue`, logs it and trains on) | no |
 | 7 | resize: the launcher asked the run to stop at its next checkpoint (slices came back, `training/run/resize.py`), and it did | at once, on the new slice count |
+| 8 | the run is live elsewhere: another launch holds its lease (refused before anything is written), or took it over (this launch stopped at its next step) (`training/run/lease.py`) | no |
+| 130 | interrupted by a person (Ctrl-C: SIGINT), no traceback; the lease is released | no |
 
 Light on purpose: the Ray host task imports this module, and must not import JAX.
 """
@@ -34,6 +36,8 @@ class ExitCode(enum.IntEnum):
     CHECKPOINT_STORAGE = 5
     EVAL_FAILED = 6
     RESIZE = 7
+    LIVE_ELSEWHERE = 8
+    INTERRUPTED = 130
 
 
 #: Codes of runs that stopped because the launcher asked them to (not the run's decision, not a failure).
@@ -88,6 +92,18 @@ class CheckpointError(RuntimeError):
 
 
 @shared_error
+class CheckpointMismatchError(CheckpointError):
+    """A checkpoint that is intact but was written by another optimizer or model config: a config error (the message
+    names the field), which no retry can mend."""
+
+
+@shared_error
+class StorageError(RuntimeError):
+    """Storage the run needs beside its checkpoints (its lease, a resize request) could not be read or written, or the
+    lease could not be renewed for half its TTL: the storage's trouble (exit 5), retried as such."""
+
+
+@shared_error
 class StoragePathError(CheckpointError):
     """A storage path no retry can write (a file where a directory must be, no permission, a read-only file system):
     a config error, where the same probe's other failures (a full disk, the storage service failing) are exit 5."""
@@ -96,6 +112,12 @@ class StoragePathError(CheckpointError):
 @shared_error
 class RunLeasedError(RuntimeError):
     """Another live launch holds the run (its lease), or took it over from this one: this one writes nothing."""
+
+
+@shared_error
+class LeaseRecordError(RuntimeError):
+    """The run's lease file holds no record this program wrote (not JSON, a field missing): never taken, a person
+    must look (a config error naming the file)."""
 
 
 @shared_error
@@ -118,8 +140,11 @@ ERROR_EXIT_CODES: tuple[tuple[type[Exception], ExitCode], ...] = (
     (NonFiniteTrainingError, ExitCode.NONFINITE_STOP),
     (DataExhaustedError, ExitCode.DATA_EXHAUSTED),
     (StoragePathError, ExitCode.CONFIG_ERROR),
-    (RunLeasedError, ExitCode.CONFIG_ERROR),
+    (CheckpointMismatchError, ExitCode.CONFIG_ERROR),
+    (LeaseRecordError, ExitCode.CONFIG_ERROR),
+    (RunLeasedError, ExitCode.LIVE_ELSEWHERE),
     (CheckpointError, ExitCode.CHECKPOINT_STORAGE),
+    (StorageError, ExitCode.CHECKPOINT_STORAGE),
     (EvalFailedError, ExitCode.EVAL_FAILED),
     (ResizeRequested, ExitCode.RESIZE),
 )

@@ -17,7 +17,7 @@ from levanter_mars.training.checkpointing.audit import audit_run
 from levanter_mars.training.checkpointing.compatibility import check_compatible
 from levanter_mars.training.checkpointing.quarantine import quarantine
 from levanter_mars.training.checkpointing.writer import state_is_finite
-from levanter_mars.training.errors import CheckpointError
+from levanter_mars.training.errors import CheckpointError, CheckpointMismatchError
 
 logger = logging.getLogger(__name__)
 
@@ -61,17 +61,21 @@ def load_first_usable(plan: ResumePlan, load: Callable[[str], object]) -> Option
     quarantined = plan.quarantined
     for candidate in plan.candidates:
         path = candidate["path"]
-        state, failure = None, None
+        state, failure, error = None, None, None
         try:
             state = load(path)
         except Exception as e:  # noqa: BLE001 - any failure to load means try the previous checkpoint
-            failure = f"{type(e).__name__}: {e}"
+            failure, error = f"{type(e).__name__}: {e}", e
             logger.warning("Checkpoint %s does not load here (%s)", path, failure)
         if not distributed.all_processes(failure is None):
             if candidate["state"] == "verified":
-                raise CheckpointError(
+                # Another config fails on process 0 as on every host, and not as the storage does; what failed on
+                # another host only, or as a read, is that host's or the storage's trouble (exit 5, retried).
+                storage = distributed.leader_decides(lambda: error is None or isinstance(error, OSError))
+                raise (CheckpointError if storage else CheckpointMismatchError)(
                     f"checkpoint {path} is intact (its manifest verifies) but does not load into this run's state "
-                    f"({failure or 'failed on another host'}). Was the model or optimizer config changed?"
+                    f"({failure or 'failed on another host'}). "
+                    + ("Rerun to retry." if storage else "Was the model or optimizer config changed?")
                 )
             _quarantine_on_leader(path, f"failed to load: {failure or 'on another host'}")
             quarantined += 1

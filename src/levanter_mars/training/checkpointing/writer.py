@@ -110,7 +110,10 @@ class VerifiedCheckpointer(RemovesItsMarkersFirst, Checkpointer):
         path = f"{self.base_path.rstrip('/')}/{destination}"
         step = int(info.step)
         if self.before_save is not None:
-            self.before_save(int(info.state.step))
+            try:
+                self.before_save(int(info.state.step))
+            except OSError as e:  # the run's own files beside the checkpoint (metrics, goodput): the storage's trouble
+                raise CheckpointError(f"before checkpoint {path}: {type(e).__name__}: {e}") from e
 
         def commit():  # process 0 only, once every host's writes are done
             clear_quarantine_marker(path)  # this step was quarantined in place before: now saved anew

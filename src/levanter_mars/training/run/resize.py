@@ -85,10 +85,14 @@ def pending_for(path: str, slices: int, launch_id: str) -> Optional[ResizeReques
 
 
 def clear(path: str) -> None:
+    """Removes the request at ``path`` if there is one; raises StorageError (exit 5's kind) if the storage fails."""
     from levanter_mars.training.checkpointing.storage import fs_and_path
+    from levanter_mars.training.errors import StorageError
 
-    fs, plain = fs_and_path(path)
     try:
+        fs, plain = fs_and_path(path)
         fs.rm(plain)
     except FileNotFoundError:
         pass
+    except Exception as e:  # noqa: BLE001 - the storage's trouble, whatever the client calls it
+        raise StorageError(f"cannot clear the resize request {path}: {type(e).__name__}: {e}") from e

@@ -2,15 +2,18 @@
 
 ```
 {"attempts": [{"launch_id", "attempt", "started", "ended", "exit_code", "reason", "first_step", "last_step",
-               "seconds": {"startup", "compile", "train", "checkpoint", "eval", "lost"}, "compile_cache", ...}],
+               "seconds": {"startup", "compile", "train", "checkpoint", "eval", "lost"},
+               "lost_detail": {"redone", "unrecorded", "between_attempts"}, "compile_cache", ...}],
  "wall_seconds", "productive_seconds", "goodput"}
 ```
 
 - :mod:`.clock` measures an attempt as it runs (one clock per process); its seconds add up to the attempt's wall time
   (``ended - started``).
-- :mod:`.arithmetic` (pure) decides what was lost: the training of steps redone after a restart (the steps after the
-  checkpoint the next attempt resumed from), plus, for an attempt that died without recording its end, the time after
-  its last record (its steps after that were redone too). ``train`` is the training time kept; ``productive_seconds``
+- :mod:`.arithmetic` (pure) decides what was lost, itemised in each attempt's ``lost_detail``: the training of steps
+  redone after a restart (the steps after the checkpoint the next attempt resumed from), for an attempt that died
+  without recording its end the time after its last record (its steps after that were redone too), and the time its
+  launch spent between the attempt before it and its start (``between_attempts``), so that a launch's attempts'
+  seconds add up to its wall time. ``train`` is the training time kept; ``productive_seconds``
   sums it, and ``goodput = productive_seconds / wall_seconds``. ``wall_seconds`` spans each launch from its first
   attempt's start to its last attempt's end (the launcher's restarts included); separate launches (a plain rerun of
   the command) add up, the time between them does not count. A rerun of a complete run is no attempt.

@@ -70,13 +70,29 @@ def train_kept(entry: dict, resumed_at: Optional[int]) -> float:
 
 
 def settle(attempts: list[dict]) -> None:
-    """Recomputes each attempt's ``train`` and ``lost`` from the steps later attempts resumed at (idempotent)."""
+    """Recomputes each attempt's ``train`` and ``lost`` from the steps later attempts resumed at, and the time its
+    launch spent between the attempt before it and this one (idempotent). ``lost_detail`` itemises ``lost``: training
+    ``redone`` by a later attempt, the time after a dead attempt's last record (``unrecorded``), and the time from the
+    end of the launch's previous attempt to this one's start (``between_attempts``: the launcher judging, tearing down,
+    waiting for slices, starting the hosts). An attempt's seconds add up to its wall time and that gap."""
     for i, entry in enumerate(attempts):
         later = [a["first_step"] for a in attempts[i + 1 :] if a.get("first_step") is not None]
         recorded = float(entry.setdefault("recorded_train", entry["seconds"].get("train", 0.0)))
         kept = train_kept(entry, min(later) if later else None)
+        detail = {"redone": recorded - kept, "unrecorded": float(entry.get("unrecorded", 0.0)),
+                  "between_attempts": between_attempts(attempts[:i], entry)}  # fmt: skip
         entry["seconds"]["train"] = round(kept, 3)
-        entry["seconds"]["lost"] = round(recorded - kept + float(entry.get("unrecorded", 0.0)), 3)
+        entry["seconds"]["lost"] = round(sum(detail.values()), 3)
+        entry["lost_detail"] = {k: round(v, 3) for k, v in detail.items()}
+
+
+def between_attempts(earlier: list[dict], entry: dict) -> float:
+    """Seconds from the end of the latest earlier attempt of ``entry``'s launch to ``entry``'s start (0 for the first
+    attempt of a launch, and for a plain command: separate launches' gaps are no one's time)."""
+    launch = entry.get("launch_id")
+    ends = [epoch(a.get("ended") or a.get("updated")) for a in earlier if launch and a.get("launch_id") == launch]
+    ends = [end for end in ends if end is not None]
+    return max(0.0, epoch(entry["started"]) - max(ends)) if ends else 0.0
 
 
 def totals(attempts: list[dict]) -> dict[str, Any]:

@@ -28,6 +28,9 @@ def describe(data: dict) -> list[str]:
         on = f" on {entry['slices']} slice(s)" if multislice and "slices" in entry else ""
         lines.append(f"    {number}. {_origin(entry)}{on}: {steps}, "
                      f"{'exit ' + str(code) if code is not None else 'no exit recorded'}; {split} s")  # fmt: skip
+        detail = {k: v for k, v in (entry.get("lost_detail") or {}).items() if v}
+        if detail:
+            lines.append("       lost: " + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in detail.items()))
         if entry.get("slice_change"):
             lines.append(f"       slices changed: {entry['slice_change']}")
     failures = [(f, number) for number, e in enumerate(attempts, 1) for f in e.get("eval_failures") or []]
@@ -55,8 +58,11 @@ def plot_goodput(data: dict, output_png: str | os.PathLike) -> str:
     fig, ax = plt.subplots(figsize=(9, 1.6 + 0.6 * len(attempts)), dpi=120)
     for row, entry in enumerate(attempts):
         start = epoch(entry["started"]) - origin
+        between = float((entry.get("lost_detail") or {}).get("between_attempts", 0.0))
+        if between > 0:  # the launch's time before this attempt started: drawn where it fell
+            ax.broken_barh([(start - between, between)], (row - 0.35, 0.7), color=COLOURS["lost"], alpha=0.5)
         for category in CATEGORIES:
-            width = float(entry["seconds"].get(category, 0.0))
+            width = float(entry["seconds"].get(category, 0.0)) - (between if category == "lost" else 0.0)
             if width > 0:
                 ax.broken_barh([(start, width)], (row - 0.35, 0.7), color=COLOURS[category])
                 start += width

@@ -237,3 +237,26 @@ def test_a_missing_run_is_trained_on_the_local_pod_with_the_same_losses(nano, tm
 
 def spec_name(spec: Path) -> str:
     return yaml.safe_load(spec.read_text())["name"]
+
+
+def test_a_run_whose_lease_another_launch_holds_is_reported_as_live_elsewhere_not_as_a_config_error(nano, tmp_path):
+    """Another launch (here: this test's process) holds the lease of a run the comparison still needs: the run
+    refuses (exit 8), and so does the comparison, saying so, with nothing trained."""
+    from levanter_mars.training.run.lease import RunLease
+
+    spec, out, _, _, _ = nano
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    summary = json.loads((out / "compare.json").read_text())
+    held = next(r["run_id"] for r in summary["runs"] if r["seed"] == 2 and r["arm"] == "adamw")
+    (copy / "records" / f"{held}.json").unlink()
+    shutil.rmtree(copy / "runs" / held)
+    shutil.rmtree(copy / "checkpoints" / held)
+    lease = RunLease.acquire(str(copy / "checkpoints" / f"{held}.lease.json"), held)
+    try:
+        proc = run_compare(spec, "--output_dir", str(copy))
+    finally:
+        lease.release()
+    assert proc.returncode == 8, proc.stderr[-3000:]
+    assert f"error: run {held} is live elsewhere: another launch holds its lease" in proc.stderr
+    assert "config error" not in proc.stderr and not (copy / "records" / f"{held}.json").exists()

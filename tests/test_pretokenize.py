@@ -387,3 +387,19 @@ def test_a_cache_that_fails_its_check_is_cut_back_and_the_rerun_mends_it(tmp_pat
     assert cli(["--config_path", str(config), "--serial", "true", *SMALL_UNITS]) == 0
     offsets, tokens = cache_arrays(str(_split_dir(tmp_path)))
     assert np.array_equal(offsets, reference[0]) and np.array_equal(tokens, reference[1])
+
+
+def test_a_second_data_step_on_a_source_being_built_is_refused_with_exit_8(tmp_path, pydocs_corpus, standin, capsys):
+    from levanter_mars.training.run.lease import RunLease
+
+    folder, _ = standin
+    config = hub_config(tmp_path, pydocs_corpus, str(folder))
+    held = RunLease.acquire(str(tmp_path / "cache" / "fineweb_edu" / "build.lease.json"), "another data step")
+    try:
+        assert cli(["--config_path", str(config), "--serial", "true"]) == 8
+    finally:
+        held.release()
+    err = capsys.readouterr().err
+    assert "error: the data step of data.configs.fineweb_edu: the run is live elsewhere: pid" in err, err
+    assert not (tmp_path / "cache" / "fineweb_edu" / "train" / "shard_ledger.json").exists()
+    assert cli(["--config_path", str(config), "--serial", "true"]) == 0

@@ -16,6 +16,7 @@ import pytest
 
 from tests.helpers.first_mile import cache_arrays, hub_config, levanter_reference, make_standin
 from tests.helpers.processes import REPO
+from tests.helpers.training import POLL_S
 
 pytestmark = [pytest.mark.extended, pytest.mark.slow]
 
@@ -47,7 +48,7 @@ def _wait_for(predicate, timeout=300):
     while time.monotonic() < deadline:
         if predicate():
             return True
-        time.sleep(0.2)
+        time.sleep(POLL_S)
     return False
 
 

@@ -227,6 +227,10 @@ def _ended(comparison: Comparison, ended: execute.Ended, report: Callable[[str],
     spec, layout, budget = comparison.spec, comparison.layout, comparison.budget
     result = read_result(layout, ended.run_id, budget.tokens_per_step, comparison.remote)
     status = status_of(ended.exit_code, result, budget.num_train_steps)
+    if status == "live_elsewhere":  # no outcome of this comparison's: nothing is recorded
+        raise RunLiveElsewhere(f"run {ended.run_id} is live elsewhere: another launch holds its lease (another "
+                               f"comparison in {spec.output_dir}, or a run left by one that was killed); see "
+                               f"{layout.log_path(ended.run_id)}")  # fmt: skip
     record = RunRecord(
         run_id=ended.run_id, arm=ended.key.arm, point=dict(ended.key.point), seed=ended.key.seed, status=status,
         exit_code=ended.exit_code, config_digest=config_digest(comparison.config_of(ended.key), comparison.overrides),
@@ -243,9 +247,5 @@ def _ended(comparison: Comparison, ended: execute.Ended, report: Callable[[str],
            f"{f', final val loss {final:.4f}' if final is not None else ''})")  # fmt: skip
     if status == "config_error":
         raise SpecError(f"run {ended.run_id} refused its config (exit 2): see {record.log}")
-    if status == "live_elsewhere":
-        raise RunLiveElsewhere(f"run {ended.run_id} is live elsewhere: another launch holds its lease (another "
-                               f"comparison in {spec.output_dir}, or a run left by one that was killed); see "
-                               f"{record.log}")  # fmt: skip
     if status == "failed":
         comparison.failed_now.add(ended.key)

@@ -81,6 +81,8 @@ def result_rows(summary: dict[str, Any]) -> list[dict[str, str]]:
     rows = []
     for name, arm in summary["arms"].items():
         row = _figure_row(name + (" (baseline)" if name == summary["baseline"] else ""), arm)
+        if name == summary["baseline"] and "final_val_loss_difference" in arm:
+            row.update(delta="–", resolvable="–")  # against itself: nothing to resolve
         row.update({
             "best": arm.get("best_label") or "–",
             "final": _number(arm.get("final_val_loss")) + " " + _interval(arm.get("final_val_loss_interval")),

@@ -26,9 +26,6 @@ from levanter_mars.compare.plan import Outcome, RunKey, run_id
 from levanter_mars.compare.execute import shipped_path
 from levanter_mars.compare.spec import ARM_FIELDS, SCHEDULE_FIELDS, CompareConfig, SpecError
 from levanter_mars.training.errors import ExitCode
-
-#: The training program's code for a run whose lease another launch holds (issue 55; ExitCode.LIVE_ELSEWHERE).
-LIVE_ELSEWHERE = getattr(ExitCode, "LIVE_ELSEWHERE", 8)
 from levanter_mars.training.run.metrics import METRICS_FILENAME, read_metrics
 from levanter_mars.training.run.record_copy import record_url
 from levanter_mars.training.whole_files import write_whole
@@ -174,7 +171,7 @@ class RunResult:
 
 #: A run's own decided codes and what the comparison records for them (a crash, a kill or a lost host: ``failed``).
 DECIDED = {ExitCode.NONFINITE_STOP: "diverged", ExitCode.CONFIG_ERROR: "config_error",
-           ExitCode.DATA_EXHAUSTED: "data_exhausted", LIVE_ELSEWHERE: "live_elsewhere"}  # fmt: skip
+           ExitCode.DATA_EXHAUSTED: "data_exhausted", ExitCode.LIVE_ELSEWHERE: "live_elsewhere"}  # fmt: skip
 
 
 def status_of(exit_code: Optional[int], result: Optional[RunResult], num_train_steps: int) -> str:

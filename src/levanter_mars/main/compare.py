@@ -61,11 +61,11 @@ def main(argv: Sequence[str]) -> int:
         _write(comparison, comparison.plan(), spec_path)
         return 128 + signum
     except comparisons.RunLiveElsewhere as e:
-        from levanter_mars.compare.runs import LIVE_ELSEWHERE
+        from levanter_mars.training.errors import ExitCode
 
         _report(f"error: {e}")
         _write(comparison, comparison.plan(), spec_path)
-        return LIVE_ELSEWHERE
+        return ExitCode.LIVE_ELSEWHERE
     evals = None
     if spec.eval_suite and plan.done:
         from levanter_mars.compare import evals as arm_evals

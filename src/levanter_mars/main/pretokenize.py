@@ -9,7 +9,8 @@ marked finished. A source of local or bucket URLs is tokenized serially, as trai
 finishes an interrupted build; a finished one is left as it is.
 
 Exit codes (``pretokenize/errors.py``): 0 built and verified; 2 bad input (the field or file named; nothing
-half-written counts as done); 5 storage trouble (the hub or the bucket); 1 a crash; 130 interrupted.
+half-written counts as done); 5 storage trouble (the hub or the bucket); 8 another data step is building the same
+source; 1 a crash; 130 interrupted.
 
 The program's order: parse the options and the training config; check the sources (listing each dataset, reading
 no data), then, with ``--dry_run``, estimate and stop; check the caches against their provenance records and probe
@@ -101,7 +102,8 @@ def cli(argv: Optional[Sequence[str]] = None) -> int:
         code = exit_code(e)
         if code == 1:
             raise
-        print(f"{'config error' if code == 2 else 'storage error'}: {e}", file=sys.stderr)
+        label = {2: "config error", 5: "storage error"}.get(code, "error")
+        print(f"{label}: {e}", file=sys.stderr)
         return code
 
 

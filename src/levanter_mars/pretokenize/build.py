@@ -65,7 +65,7 @@ class Timings:
 
 
 def build_split(source: SplitSource, files: list, options: PretokenizeOptions, executor: Callable[[], object],
-                report: Callable[[str], None]) -> dict:  # fmt: skip
+                report: Callable[[str], None], still_mine: Callable[[], None] = lambda: None) -> dict:  # fmt: skip
     """Builds the split's cache from ``files`` (the repository's files for it) with the units' executor that
     ``executor()`` returns (made only if a unit is left to tokenize); returns the build record."""
     timings = Timings()
@@ -92,6 +92,7 @@ def build_split(source: SplitSource, files: list, options: PretokenizeOptions, e
                         options.progress_s, report)  # fmt: skip
     assembling = 0.0
     for result in (runner.run(todo, job, tick_s=min(options.progress_s, 5.0)) if runner else ()):
+        still_mine()  # the build's lease: raises if another data step took the build over
         if result is not None:
             results[result.unit] = result
             progress.unit_done(result)
@@ -99,6 +100,7 @@ def build_split(source: SplitSource, files: list, options: PretokenizeOptions, e
             assembler.append_ready(results)
             assembling += time.perf_counter() - before
         progress.tick()
+    still_mine()
     assembler.append_ready(results)
     progress.stop()
     mark = timings.add("tokenize", mark)

@@ -150,16 +150,32 @@ def build_hub_splits(splits: list[HubSplit], options: PretokenizeOptions,
             runner.append(executor(options.serial, options.address, options.workers))
         return runner[0]
 
+    leases: dict = {}
     try:
         for split in splits:
             if not split.files:
                 _mark_absent(split.source)
                 continue
-            records[split.source.split_dir] = build_split(split.source, split.files, options, units_executor, report)
+            lease = leases.get(split.source.field) or leases.setdefault(split.source.field, _build_lease(split.source))
+            records[split.source.split_dir] = build_split(split.source, split.files, options, units_executor, report,
+                                                          still_mine=lease.check)  # fmt: skip
     finally:
         if runner:
             runner[0].close()
+        for lease in leases.values():
+            lease.release()
     return records
+
+
+def _build_lease(source) -> "object":
+    """One data step builds a source at a time: a second is refused (exit 8) before it writes anything, and the
+    first stops at its next unit if one took the build over (``training/run/lease.py``'s atomic lease)."""
+    from levanter_mars.training.run.lease import RunLease
+
+    root = source.split_dir.rstrip("/").rsplit("/", 1)[0]
+    lease = RunLease.acquire(join(root, "build.lease.json"), f"the data step of {source.field}")
+    lease.start_renewing()
+    return lease
 
 
 def _mark_absent(source: SplitSource) -> None:

@@ -307,3 +307,37 @@ def test_the_launcher_runs_the_training_programs_own_validation(capsys, tmp_path
     assert "trainer.checkpointer.base_path 'gs://test-bucket/ckpt/gpt2-small-mars' (a write probe)" in skipped
     cache = "gs://test-bucket/ckpt/compile-cache"
     assert any(s.startswith("trainer.compilation_cache") and cache in s for s in skipped), skipped
+
+
+@pytest.mark.parametrize("stop_job, expected", [(True, ["stop"]), (False, [])])
+def test_an_interrupted_launch_stops_its_job_only_when_asked(monkeypatch, capsys, stop_job, expected):
+    """compare launches with --stop_job_on_interrupt true: its stop (SIGTERM) must not leave the run training on the
+    pod; a person's Ctrl-C of a plain launch leaves the job going, as before. The job API is replaced here."""
+    import signal as signals
+
+    from levanter_mars.infra import launch as launcher
+    from levanter_mars.infra import ray_job
+    from levanter_mars.infra.config import RayLaunchConfig
+
+    calls = []
+
+    def follow(submission, address):
+        launcher._interrupt(signals.SIGTERM, None)  # the SIGTERM arriving while the log streams
+
+    monkeypatch.setattr(ray_job, "submit", lambda job, address: "raysubmit_1")
+    monkeypatch.setattr(ray_job, "follow", follow)
+    monkeypatch.setattr(ray_job, "stop", lambda submission, address: calls.append("stop") or "STOPPED")
+    launch = RayLaunchConfig(tpu_type="v4-32", train_config="x.yaml", stop_job_on_interrupt=stop_job)
+    code = launcher.run_job(object(), "http://127.0.0.1:8265", launch, "v4-32")
+    assert code == 128 + signals.SIGTERM and calls == expected
+    err = capsys.readouterr().err
+    assert ("stopping Ray job raysubmit_1" in err) == stop_job and ("the job goes on" in err) != stop_job
+
+
+def test_a_comparison_launches_its_pod_runs_to_be_stopped_with_it():
+    from levanter_mars.compare.execute import training_command
+    from levanter_mars.compare.spec import CompareConfig
+
+    spec = CompareConfig(name="c", base="b.yaml", tpu_type="v4-32")
+    command = training_command(spec, "runs/compare/c/configs/r.yaml", [])
+    assert command[command.index("--stop_job_on_interrupt") + 1] == "true"

@@ -41,8 +41,9 @@ def training_command(spec: CompareConfig, config_path: str, overrides: Sequence[
         return [sys.executable, "-m", "levanter_mars.main.train_lm", "--config_path", config_path, *overrides]
     # The local engine runs in this directory; a TPU slice's hosts in the working directory the launcher ships.
     path = config_path if spec.tpu_type == "cpu" else shipped_path(config_path)
+    # A stopped comparison (a signal, run_timeout) stops its runs: on a pod, the launcher stops its Ray job too.
     command = [sys.executable, "-m", "levanter_mars.infra.launch", "--config_path", path,
-               "--tpu_type", spec.tpu_type, "--num_slices", str(spec.num_slices)]  # fmt: skip
+               "--tpu_type", spec.tpu_type, "--num_slices", str(spec.num_slices), "--stop_job_on_interrupt", "true"]  # fmt: skip
     if spec.tpu_type == "cpu":
         command += ["--num_hosts", str(spec.num_hosts)]
         if spec.devices_per_host is not None:

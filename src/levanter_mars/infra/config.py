@@ -84,6 +84,9 @@ class RayLaunchConfig(JobConfig):
     follow: bool = True
     """Stream the job's log until it ends and exit with its status; otherwise print how to watch it and return
     (not on a private local cluster, which lives as long as this command)."""
+    stop_job_on_interrupt: bool = False
+    """While following: Ctrl-C or SIGTERM stops the Ray job too (by default the job goes on and the launcher says
+    how to watch it). ``compare`` sets it, so that a stopped comparison leaves no run training on the pod."""
     working_dir: str = "."
     """Shipped to the cluster with the job (TPU types): the code and configs the hosts run. The local engine runs
     in this directory directly, so relative paths in the config (checkpoints, logs) land where you expect."""

@@ -39,7 +39,7 @@ def wants_private_cluster(launch: RayLaunchConfig, environ=os.environ) -> bool:
 
 def run_job(job, address: str, launch: RayLaunchConfig, label: str, private: bool = False) -> int:
     """Submits ``job`` and (unless ``--follow false``) streams its log; returns the launcher's exit code."""
-    from levanter_mars.infra.ray_job import driver_exit_code, follow, how_to_watch, submit
+    from levanter_mars.infra.ray_job import driver_exit_code, follow, how_to_watch, stop, submit
 
     try:
         submission = submit(job, address)
@@ -50,17 +50,27 @@ def run_job(job, address: str, launch: RayLaunchConfig, label: str, private: boo
     if not launch.follow and not private:
         print(how_to_watch(submission, address))
         return 0
+    previous = signal.signal(signal.SIGTERM, _interrupt) if not private else None
     try:
         status = follow(submission, address)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if private:
             raise  # the private cluster, and the job with it, is stopped on the way out
+        code = 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
+        if launch.stop_job_on_interrupt:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the stop
+            print(f"\ninterrupted: stopping Ray job {submission}", file=sys.stderr)
+            print(f"Ray job {submission}: {stop(submission, address)}", file=sys.stderr)
+            return code
         print(f"\nstopped following; the job goes on:\n{how_to_watch(submission, address)}", file=sys.stderr)
-        return 130
+        return code
     except Exception as e:  # noqa: BLE001 - a dropped log stream (tunnel closed, laptop asleep) ends only the watching
         print(f"lost the job's log ({type(e).__name__}: {e}); the job goes on:\n{how_to_watch(submission, address)}",
               file=sys.stderr)  # fmt: skip
         return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     print(f"Ray job {submission}: {status}")
     if status == "SUCCEEDED":
         return 0

@@ -162,6 +162,16 @@ def follow(submission: str, address: str, out=sys.stdout, poll: float = 1.0) -> 
     return status
 
 
+def stop(submission: str, address: str, timeout_s: float = 120.0, poll: float = 1.0) -> str:
+    """Asks Ray to stop the job and waits for it to end; returns its final status (or its status at the timeout)."""
+    client = _client(address)
+    client.stop_job(submission)
+    deadline = time.monotonic() + timeout_s
+    while (status := _status(client, submission)) not in TERMINAL_STATES and time.monotonic() < deadline:
+        time.sleep(poll)
+    return status
+
+
 def driver_exit_code(submission: str, address: str) -> Optional[int]:
     """The exit code of the job's driver (``pod.py``), where Ray knows it."""
     try:

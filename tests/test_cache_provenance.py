@@ -1,16 +1,16 @@
 """A token cache trains only the data and tokenizer it was built from (issue 13), checked through the CLI.
 
-Each test gets its own copy of a slice of the embedded corpus and a cache built by ``scripts/pretokenize.py`` (in
-this process: a second or two); only the tests that must train run the CLI as a subprocess.
+Each test gets its own copy of a slice of the embedded corpus and a cache built by the data step
+(``levanter_mars.main.pretokenize.run``, in this process: a second or two); only the tests that must train run the CLI as a subprocess.
 """
 
 import json
 import os
-import runpy
 from pathlib import Path
 
 import pytest
 
+from levanter_mars.main import pretokenize
 from levanter_mars.training.data import cache_check
 from levanter_mars.training.data import pydocs_corpus as corpus_lib
 from levanter_mars.training.config import parse_config
@@ -23,7 +23,7 @@ _UNRECORDED = "has no provenance record"
 
 
 def _pretokenized(workdir: Path, corpus: Path) -> dict:
-    """A slice of the corpus under ``workdir/data``, tokenized by scripts/pretokenize.py into ``workdir/tokenized``.
+    """A slice of the corpus under ``workdir/data``, tokenized by the data step into ``workdir/tokenized``.
     Returns the config's data section."""
     (workdir / "data").mkdir(parents=True)
     for split, lines in _LINES.items():
@@ -35,8 +35,7 @@ def _pretokenized(workdir: Path, corpus: Path) -> dict:
         "cache_dir": str(workdir / "tokenized"),
     }
     config = cli.tiny_config(workdir, corpus, "pretokenize", {"data": data})
-    pretokenize = runpy.run_path(str(cli.REPO / "scripts" / "pretokenize.py"))["main"]
-    assert pretokenize(["--config_path", str(config)]) == 0
+    assert pretokenize.run(["--config_path", str(config)], report=lambda line: None) == 0
     return data
 
 

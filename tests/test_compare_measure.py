@@ -134,3 +134,40 @@ def test_seeds_that_agree_exactly_have_no_t_interval():
     assert t_interval([0.2, 0.2, 0.2], 0.95).as_list() == [None, None]
     assert "no spread" in t_interval([0.2, 0.2, 0.2], 0.95).method
     assert seeds_to_resolve([0.2, 0.2], 0.95) is None
+
+
+def _record_run(arm, seed, losses, best=True):
+    return {"arm": arm, "seed": seed, "status": "ok", "point": {"learning_rate": 0.1 if best else 0.2},
+            "final_val_loss": losses[-1], "seconds_per_token": 1e-3 * (seed + 1), "eval_tokens": list(TOKENS),
+            "eval_losses": list(losses)}  # fmt: skip
+
+
+def test_resummarize_script_measures_an_old_record_on_its_fresh_seeds_only(tmp_path):
+    """scripts/resummarize_compare.py: a record written with the tuning seed among the figures is re-measured on the
+    fresh seeds alone, at each arm's recorded best point, its difference interval scipy's; the tuning seed refused."""
+    import json
+    import runpy
+    import subprocess
+    import sys
+
+    from tests.helpers.training import REPO
+
+    finals = {"adamw": {0: 5.0, 1: 5.1, 2: 5.3, 3: 5.2}, "mars": {0: 1.0, 1: 5.0, 2: 5.1, 3: 5.25}}
+    runs = [_record_run(arm, s, (8.0, 7.0, 6.0, f)) for arm, by_seed in finals.items() for s, f in by_seed.items()]
+    runs += [_record_run("mars", 1, (8.0, 7.0, 6.0, 0.5), best=False)]  # another point: never in the figures
+    record = {"comparison": "old", "baseline": "adamw", "seeds": [0, 1, 2, 3], "tuning_seeds": [0],
+              "arms": {a: {"best_point": {"learning_rate": 0.1}} for a in finals}, "runs": runs}  # fmt: skip
+    resummarize = runpy.run_path(str(REPO / "scripts" / "resummarize_compare.py"))["resummarize"]
+    summary = resummarize(record, [1, 2, 3], 0.95, [])
+    differences = [finals["mars"][s] - finals["adamw"][s] for s in (1, 2, 3)]
+    mars = summary["arms"]["mars"]
+    assert mars["final_val_loss_differences"] == pytest.approx(differences)
+    assert mars["final_val_loss_difference_interval"] == pytest.approx(scipy_interval(differences))
+    assert summary["excluded_seeds"] == [0] and summary["target_val_loss"] == pytest.approx(5.2)
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps(record))
+    refused = subprocess.run([sys.executable, str(REPO / "scripts" / "resummarize_compare.py"), "--record", str(path),
+                              "--final_seeds", "0", "1", "--output", str(tmp_path / "out.json")],
+                             capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    assert refused.returncode == 2 and "were the record's tuning seeds" in refused.stderr
+    assert not (tmp_path / "out.json").exists()

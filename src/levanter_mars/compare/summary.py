@@ -45,7 +45,7 @@ def summarize(comparison: Comparison, plan: Plan, spec_path: str) -> dict[str, A
         "comparison": spec.name,
         "spec": spec_path,
         "command": versions.command_line(),
-        "versions": _versions(),
+        "versions": record_versions(),
         "machine": _machine(),
         "where": _where(spec),
         "complete": plan.done,
@@ -139,6 +139,12 @@ def _against(comparison: Comparison, plan: Plan, name: str, reference: str, entr
     spec = comparison.spec
     figures = measure.measure_arm(_curves(comparison, plan, reference), _curves(comparison, plan, name),
                                   spec.final_seeds, confidence=spec.interval.confidence)  # fmt: skip
+    return figures_entry(figures, of_reference.get("seconds_per_token"), entry.get("seconds_per_token"))
+
+
+def figures_entry(figures: measure.ArmMeasure, reference_seconds_per_token: Optional[float],
+                  seconds_per_token: Optional[float]) -> dict:  # fmt: skip
+    """An arm's figures against its reference as compare.json records them."""
     return {
         "final_val_loss_interval": figures.final_loss_interval.as_list(),
         "final_val_loss_interval_method": figures.final_loss_interval.method,
@@ -155,8 +161,7 @@ def _against(comparison: Comparison, plan: Plan, name: str, reference: str, entr
         "speedup_interval": figures.speedup_interval.as_list(),
         "speedup_interval_method": figures.speedup_interval.method,
         "speedup_is_lower_bound": figures.speedup_is_lower_bound,
-        "time_speedup": measure.time_speedup(figures.speedup, of_reference.get("seconds_per_token"),
-                                             entry.get("seconds_per_token")),  # fmt: skip
+        "time_speedup": measure.time_speedup(figures.speedup, reference_seconds_per_token, seconds_per_token),
     }
 
 
@@ -248,7 +253,7 @@ def _mean(values) -> Optional[float]:
     return statistics.fmean(values) if values else None
 
 
-def _versions() -> dict[str, Optional[str]]:
+def record_versions() -> dict[str, Optional[str]]:
     out = {p: versions.installed(p) for p in ("jax", "jaxlib", "libtpu", "levanter", "haliax", "optax", "equinox")}
     out["levanter-mars"] = versions.source_commit()
     return out

@@ -56,7 +56,7 @@ def test_figure_is_the_benchmark_json_value(document, match):
 
 def test_figures_are_cited_in_readme_and_benchmarks_page():
     cited = {match.group(2) for _, match, *_ in (p.values for p in _figures())}
-    assert {"step_cpu.json", "optimizer_cpu_small_medium.json", "compare_cpu_study.json"} <= cited, cited
+    assert {"step_cpu.json", "optimizer_cpu_small_medium.json", "compare_cpu_study_3seeds.json"} <= cited, cited
 
 
 def test_every_ratio_in_readme_benchmarks_section_cites_its_json():

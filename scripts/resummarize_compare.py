@@ -40,7 +40,8 @@ def _against(record: dict, arm: str, reference: str, seeds: list[int], confidenc
     spt = statistics.fmean(r["seconds_per_token"] for r in runs)
     figures = measure.measure_arm([_curve(r) for r in reference_runs], [_curve(r) for r in runs], seeds,
                                   confidence=confidence)  # fmt: skip
-    return {"final_val_losses": [r["final_val_loss"] for r in runs], "seconds_per_token": spt,
+    return {"final_val_losses": [r["final_val_loss"] for r in runs], "final_val_loss": figures.final_loss,
+            "seconds_per_token": spt,
             **figures_entry(figures, reference_spt, spt)}  # fmt: skip
 
 
@@ -94,7 +95,7 @@ def main(argv=None) -> int:
     rows = [(arm, entry) for arm, entry in summary["arms"].items()]
     rows += [(f"{p['arm']} vs {p['reference']}", p) for p in summary["pairs"]]
     for arm, entry in rows:
-        print(f"{arm}: final {statistics.fmean(entry['final_val_losses']):.4f}, difference "
+        print(f"{arm}: final {entry['final_val_loss']:.4f}, difference "
               f"{entry['final_val_loss_difference']:+.4f} {entry['final_val_loss_difference_interval']} "
               f"({entry['final_val_loss_difference_interval_method']}), speed-up {entry['speedup']} "
               f"{entry['speedup_interval']}")

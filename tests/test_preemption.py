@@ -11,6 +11,7 @@ from levanter_mars.training.checkpointing.storage import MANIFEST_NAME
 from levanter_mars.training.errors import ExitCode
 from levanter_mars.training.run.goodput.record import GOODPUT_FILENAME
 from tests.helpers.faults import prelude
+from tests.helpers.pod import run_helper_processes
 from tests.helpers.seeds import seeded_random
 from tests.helpers.training import (
     describe_failure,
@@ -64,8 +65,20 @@ def test_a_save_past_the_grace_leaves_the_previous_checkpoint_the_resume_point(t
     assert preempted.returncode == ExitCode.PREEMPTED, describe_failure(preempted)
     assert "was not written within trainer.preemption_grace_s=1 s" in output(preempted)
     assert not (paths["checkpoints"] / f"step-{saved}" / MANIFEST_NAME).exists(), "torn: no commit marker"
+    assert not (paths["checkpoints"] / f"step-{saved}" / "metadata.json").exists()
 
     rerun_matches_reference(config, paths, reference_runs, resumed_from=10)
+    assert list(paths["checkpoints"].parent.glob(f"{run_id}.quarantine/step-{saved}.*")), "the torn save set aside"
     first, second = _attempts(paths)
     assert first["ended_as"] == "preempted, not saved" and first["preemption"]["saved_step"] is None
     assert second["first_step"] == 11 and first["steps_redone_next"] == saved - 10
+
+
+@pytest.mark.multidevice
+def test_a_notice_to_one_host_reaches_every_host_at_the_same_step():
+    """The pod's half, cheaply, through the training program's own start of jax.distributed (no Levanter init path,
+    no setting turns the preemption service off): SIGTERM to process 1 does not end it, and both processes learn of it
+    at one step boundary, the same, after the notice. (The whole pod, saving and resuming: tests/test_preemption_pod.py.)"""
+    first, second = run_helper_processes("tests.helpers.preemption_notice", num_processes=2)
+    assert first["reached"] is not None and first["reached"] == second["reached"], (first, second)
+    assert first["reached"] > first["notice_at"]

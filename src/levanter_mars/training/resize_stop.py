@@ -15,11 +15,12 @@ from levanter_mars.training import distributed
 from levanter_mars.training.errors import Preempted, ResizeRequested
 from levanter_mars.training.preemption import PreemptionNotice, finishes_within
 from levanter_mars.training.run import resize
+from levanter_mars.training.run.goodput import clock as goodput_clock
 
 logger = logging.getLogger(__name__)
 
 
-class ResizeAtCheckpoint:
+class StopAtCheckpoint:
     def __init__(self, request: Optional[tuple[str, str]], preemption: Optional[PreemptionNotice] = None):
         self.request = request
         """(where the launch asks, its launch id); None: no launcher may ask this run."""
@@ -53,8 +54,10 @@ class ResizeAtCheckpoint:
             error = Preempted("preempted before the first step: nothing to save")
         else:
             # Saved once: a checkpoint of this step already written (a periodic one, the one resumed from) is kept.
-            checkpointer.on_step(StepInfo(state, float("nan"), 0.0), force=True)
-            if finishes_within(checkpointer.wait_until_finished, self.preemption.remaining_s()):
+            with goodput_clock.phase("checkpoint"):
+                checkpointer.on_step(StepInfo(state, float("nan"), 0.0), force=True)
+                committed = finishes_within(checkpointer.wait_until_finished, self.preemption.remaining_s())
+            if committed:
                 error = Preempted(f"preempted: saved at step {step}")
                 error.saved_step = step
             else:

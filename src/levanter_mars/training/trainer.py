@@ -11,6 +11,8 @@
   ``trainer.nonfinite``; values the optimizer computes as NaN/Inf from finite inputs are kept out where they are
   written and counted (``optim/nonfinite_outputs``); a non-finite state is never written to a checkpoint.
 * The final checkpoint is written, and a run whose data runs out early says so.
+* A preemption notice (SIGTERM to any host) saves the step every host is at, and the run stops with exit 9
+  (:mod:`..preemption`); a resize request stops it after its next checkpoint (:mod:`..resize_stop` holds both).
 * Where the time goes: training, checkpointing and (the evaluation hooks mark their own) evaluation count to their
   phases of the process's goodput clock; process 0 keeps the run's goodput record (:mod:`..run.goodput`).
 """
@@ -42,7 +44,7 @@ from levanter_mars.training.checkpointing.storage import check_writable
 from levanter_mars.training.run.lease import RunLease
 from levanter_mars.training.errors import CheckpointError, DataExhaustedError, Preempted
 from levanter_mars.training.preemption import DEFAULT_GRACE_S, PreemptionNotice
-from levanter_mars.training.resize_stop import ResizeAtCheckpoint
+from levanter_mars.training.resize_stop import StopAtCheckpoint
 from levanter_mars.training.run.goodput import clock as goodput_clock
 from levanter_mars.training.run.goodput import GoodputRecord
 from levanter_mars.training.run.metrics import METRICS_FILENAME, JsonlMetricsTracker
@@ -148,7 +150,7 @@ class MarsTrainer(FixedTrainer):
         self.goodput = goodput
         self.lease = lease
         self.preemption = PreemptionNotice(config.preemption_grace_s)
-        self.resize = ResizeAtCheckpoint(resize_request, self.preemption)
+        self.stops = StopAtCheckpoint(resize_request, self.preemption)
         self._resume_from: Optional[str] = None
         super().__init__(config, skip_nonfinite_updates(optimizer), loss_fn)
         # One writer: on a pod only process 0 keeps metrics.jsonl (hosts may share the log directory).
@@ -163,7 +165,7 @@ class MarsTrainer(FixedTrainer):
     def before_checkpoint(self, step: int) -> None:
         # Every host saves: all stop together if another launch took the run over.
         distributed.leader_decides(lambda: self.lease.verify() if self.lease is not None else None)
-        self.resize.look(self.config.num_slices)
+        self.stops.look(self.config.num_slices)
         self.flush_metrics()
         if self.goodput is not None:
             self.goodput.checkpoint_saving(step)
@@ -277,7 +279,7 @@ class MarsTrainer(FixedTrainer):
         # A step's checkpoint is written at the start of the next step, once all of its metrics are logged
         # (see VerifiedCheckpointer.deferring); the last step's, by the final forced hooks or at the end of train.
         self.checkpointer.save_deferred()
-        self.resize.stop_if_asked(self.checkpointer, state)
+        self.stops.stop_if_asked(self.checkpointer, state)
         with self.checkpointer.deferring():
             return super().train_step(state, *batch, **batch_kwargs)
 

@@ -157,10 +157,13 @@ def main(argv=None) -> int:
                             "same bytes to the same disk; host RSS after 1 vs many saves of a small state",
                             ("jax", "jaxlib", "levanter", "tensorstore", "numpy")),
             "quick": args.quick,
+            # A shared machine's other work slows the writer's compression and copies: its load, said beside.
+            "load_average_1m_at_start": round(os.getloadavg()[0], 2),
             # Memory first: the large state's buffers, freed, would stay in the allocator's RSS.
             "memory": memory(workdir, saves=5 if args.quick else 50),
             "blocking": blocking(workdir, scale=8 if args.quick else 1),
         }
+        record["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     text = json.dumps(record, indent=1)

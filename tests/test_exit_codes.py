@@ -65,6 +65,10 @@ def test_the_pod_driver_and_the_launcher_end_with_the_runs_own_code(capsys):
     assert pod.run_attempts(results(0, 0), RetryBudget()) == 0
     assert pod.run_attempts(results(3, 3), RetryBudget()) == 3
     assert "exit 3 (nonfinite stop)" in capsys.readouterr().err
+    # A preempted attempt that saved (exit 9 on every host) is retried at once, on the preemption budget.
+    attempts = iter([(9, 9), (0, 0)])
+    assert pod.run_attempts(lambda previous: results(*next(attempts))(previous), RetryBudget(failure=0)) == 0
+    assert "the run was preempted" in capsys.readouterr().err and next(attempts, None) is None
     # The launcher reads the driver's exit code: a run's own stop is passed on, anything else is a failure.
     assert [launch.launch_exit_code(c) for c in (2, 3, 4, 5, 6, 8, 130)] == [2, 3, 4, 5, 6, 8, 130]
     assert [launch.launch_exit_code(c) for c in (None, 1, 9, 137, -9)] == [1, 1, 1, 1, 1]

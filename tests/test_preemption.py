@@ -78,7 +78,8 @@ def test_a_save_past_the_grace_leaves_the_previous_checkpoint_the_resume_point(t
 def test_a_notice_to_one_host_reaches_every_host_at_the_same_step():
     """The pod's half, cheaply, through the training program's own start of jax.distributed (no Levanter init path,
     no setting turns the preemption service off): SIGTERM to process 1 does not end it, and both processes learn of it
-    at one step boundary, the same, after the notice. (The whole pod, saving and resuming: tests/test_preemption_pod.py.)"""
+    at one step boundary, the same, after the notice. (The whole pod, saving and resuming:
+    tests/test_preemption_pod.py.)"""
     first, second = run_helper_processes("tests.helpers.preemption_notice", num_processes=2)
     assert first["reached"] is not None and first["reached"] == second["reached"], (first, second)
     assert first["reached"] > first["notice_at"]

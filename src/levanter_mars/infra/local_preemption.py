@@ -4,9 +4,10 @@
 slice ``S`` goes away at once, as a preempted slice's VMs do: first the notice, SIGTERM to the slice's training
 processes, which save the step every host agrees on and exit 9 (``training/preemption.py``), with up to ``NOTICE_S``
 for it, as a spot VM's ~30 s; then each node's raylet and all its descendants (Ray's agents and workers, the host
-tasks, a training process still there) get SIGTERM, then SIGKILL after ``GRACE_S``. The command returns once the cluster's GCS reports those nodes dead (what Levanter's ``run_on_pod``
-sees), or, with ``T`` > 0, once the slice is back ``T`` seconds later: its nodes started again as ``start`` starts
-them (``LocalRayCluster.start_node``: same node environment and resources, joining the head's GCS, fresh ports).
+tasks, a training process still there) get SIGTERM, then SIGKILL after ``GRACE_S``. The command returns once the
+cluster's GCS reports those nodes dead (what Levanter's ``run_on_pod`` sees), or, with ``T`` > 0, once the slice is
+back ``T`` seconds later: its nodes started again as ``start`` starts them (``LocalRayCluster.start_node``: same node
+environment and resources, joining the head's GCS, fresh ports).
 ``... restore --temp_dir DIR --slice S`` brings a preempted slice back later. Slice 0 is refused: its host 0 is the
 cluster's head (GCS, job API), and losing it ends the cluster.
 

@@ -42,7 +42,8 @@ class ExitCode(enum.IntEnum):
     INTERRUPTED = 130
 
 
-#: Codes of runs that stopped because the launcher or the cluster asked them to (not the run's decision, not a failure).
+#: Codes of runs that stopped because the launcher or the cluster asked them to (not the run's decision, not a
+#: failure).
 ASKED_STOPS = frozenset({ExitCode.RESIZE, ExitCode.PREEMPTED})
 
 

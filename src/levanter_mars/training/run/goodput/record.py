@@ -74,7 +74,8 @@ class GoodputRecord:
     def preempted(self, saved_step: Optional[int], save_s: Optional[float]) -> None:
         """The attempt stops on a preemption notice, having saved ``saved_step`` (None: the save did not finish
         within the grace) in ``save_s`` seconds."""
-        self.entry["preemption"] = {"saved_step": saved_step, "save_seconds": None if save_s is None else round(save_s, 3)}
+        seconds = None if save_s is None else round(save_s, 3)
+        self.entry["preemption"] = {"saved_step": saved_step, "save_seconds": seconds}
 
     def close(self, exit_code: int, reason: str) -> None:
         """The attempt ended. One that trained nothing and ended done (a rerun of a complete run) is no attempt: it

@@ -213,3 +213,14 @@ def test_tpu_goals_judge_each_construction_guarded_and_alone_in_each_figure():
                      f"{mars_m} {label} (v5e, {c}, {variant}; limit: Muon's + 3)"]
             expected += [(name, *verdict) for name, verdict in zip(names, verdicts, strict=True)]
     assert [(g["goal"], pytest.approx(g["measured"]), g["limit"], g["met"]) for g in goals] == expected
+
+
+def test_the_save_benchmarks_state_is_gpt2_smalls_parameters_four_times():
+    """scripts/bench_save.py saves GPT-2 small's state size: its 124,439,808 parameters (Levanter's stacked layout) in
+    4 float32 trees (the parameters and MARS-AdamW's 3), about 2 GB."""
+    import math
+
+    bench = load_script("bench_save")
+    parameters = sum(math.prod(shape) for shape in bench.gpt2_small_shapes().values())
+    assert parameters == 124_439_808
+    assert bench.COPIES * parameters * 4 == pytest.approx(2e9, rel=0.01)

@@ -34,9 +34,10 @@ def replaced(written: jax.Array, new: jax.Array) -> jax.Array:
 
 
 def replaced_count(indicators: list[jax.Array]) -> jax.Array:
-    """How many values :func:`replaced` marks in ``indicators``, as float32. Those of one shape are added before they
-    are reduced: one reduction per shape, as XLA:TPU fuses a reduction per written value of a pass only up to a point
-    (a second one beside AdamW's moments' pushed them out to memory: docs/benchmarks.md)."""
+    """How many values ``indicators`` (1 where a value was not written, else 0, as :func:`replaced`) mark, as float32.
+    Those of one shape are added before they are reduced: one reduction per shape, as XLA:TPU keeps only so many
+    reductions in the pass that writes the values (one per buffer beside AdamW's moments pushed them to memory:
+    docs/benchmarks.md)."""
     by_shape: dict[tuple[int, ...], jax.Array] = {}
     for x in indicators:
         by_shape[x.shape] = by_shape[x.shape] + x if x.shape in by_shape else x

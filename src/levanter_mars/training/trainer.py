@@ -8,8 +8,9 @@
   checkpoint, or all move on to the previous one together. A checkpoint in an earlier main's optimizer-state layout is
   migrated as it loads (:mod:`~levanter_mars.training.checkpointing.migrations`).
 * A step whose gradients are not finite is skipped (counted as ``optim/skipped_steps``) or stops the run, per
-  ``trainer.nonfinite``; values the optimizer computes as NaN/Inf from finite inputs are kept out where they are
-  written and counted (``optim/nonfinite_outputs``); a non-finite state is never written to a checkpoint.
+  ``trainer.nonfinite``; a value that would be written NaN/Inf from finite inputs (optimizer state, or a parameter
+  after its update) keeps its previous value and is counted (``optim/nonfinite_outputs``); a non-finite state is
+  never written to a checkpoint.
 * The final checkpoint is written, and a run whose data runs out early says so.
 * A preemption notice (SIGTERM to any host) saves the step every host is at, and the run stops with exit 9
   (:mod:`..preemption`); a resize request stops it after its next checkpoint (:mod:`..resize_stop` holds both).

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, TextIO
 
-from levanter_mars.compare.plan import RunKey
+from levanter_mars.compare.tuning import RunKey
 from levanter_mars.compare.spec import CompareConfig, SpecError
 from levanter_mars.training.run.metrics import read_metrics
 

@@ -198,18 +198,25 @@ def test_the_baseline_diverging_is_an_error_naming_it(nano, tmp_path):
     assert f"error: the baseline (adamw) diverged ({rid}): there is no target" in proc.stderr
 
 
+def _copy_without_run(out, tmp_path, arm: str, seed: int):
+    """A copy of the finished comparison ``out`` with the final run of ``arm`` on ``seed`` removed (record, run
+    directory, checkpoints): the comparison still needs it. Returns the copy and the run's id."""
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    summary = json.loads((out / "compare.json").read_text())
+    rid = next(r["run_id"] for r in summary["runs"] if r["seed"] == seed and r["arm"] == arm)
+    (copy / "records" / f"{rid}.json").unlink()
+    shutil.rmtree(copy / "runs" / rid)
+    shutil.rmtree(copy / "checkpoints" / rid)
+    return copy, rid
+
+
 def test_a_missing_run_is_trained_on_the_local_pod_with_the_same_losses(nano, tmp_path):
     """The same comparison with one completed run removed, finished through the launcher on a one-host local pod:
     only that run is trained, and its losses are bitwise those of the run trained as a plain process. Then the eval
     suite runs on each arm's best point, every seed, in one table of seed means."""
     spec, out, _, _, _ = nano
-    copy = tmp_path / "out"
-    shutil.copytree(out, copy)
-    summary = json.loads((out / "compare.json").read_text())
-    removed = next(r["run_id"] for r in summary["runs"] if r["seed"] == 1 and r["arm"] == "mars-adamw")
-    (copy / "records" / f"{removed}.json").unlink()
-    shutil.rmtree(copy / "runs" / removed)
-    shutil.rmtree(copy / "checkpoints" / removed)
+    copy, removed = _copy_without_run(out, tmp_path, "mars-adamw", 1)
     suite = REPO / "config" / "eval" / "pydocs_offline.yaml"
     proc = run_compare(spec, "--output_dir", str(copy), "--tpu_type", "cpu", "--eval_suite", str(suite))
     assert proc.returncode == 0, proc.stderr[-5000:]
@@ -245,13 +252,7 @@ def test_a_run_whose_lease_another_launch_holds_is_reported_as_live_elsewhere_no
     from levanter_mars.training.run.lease import RunLease
 
     spec, out, _, _, _ = nano
-    copy = tmp_path / "out"
-    shutil.copytree(out, copy)
-    summary = json.loads((out / "compare.json").read_text())
-    held = next(r["run_id"] for r in summary["runs"] if r["seed"] == 2 and r["arm"] == "adamw")
-    (copy / "records" / f"{held}.json").unlink()
-    shutil.rmtree(copy / "runs" / held)
-    shutil.rmtree(copy / "checkpoints" / held)
+    copy, held = _copy_without_run(out, tmp_path, "adamw", 2)
     lease = RunLease.acquire(str(copy / "checkpoints" / f"{held}.lease.json"), held)
     try:
         proc = run_compare(spec, "--output_dir", str(copy))

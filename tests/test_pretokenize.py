@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
 
 import numpy as np
 import pyarrow as pa
@@ -126,6 +127,12 @@ def test_a_serial_build_equals_levanters_own_cache_and_is_recorded(tmp_path, pyd
     assert again == 0 and "is finished and verified" in capsys.readouterr().out
 
 
+def _serial_build_with(prelude: str, config) -> subprocess.CompletedProcess:
+    """The data step, serial and in small units, in a fresh interpreter that first runs ``prelude`` (a fault)."""
+    code = prelude + "import sys\nfrom levanter_mars.main.pretokenize import cli\nsys.exit(cli(sys.argv[1:]))"
+    return run_python("-c", code, "--config_path", str(config), "--serial", "true", *SMALL_UNITS, timeout=300)
+
+
 def test_a_build_killed_in_the_middle_finishes_without_tokenizing_a_finished_unit_again(tmp_path, pydocs_corpus,
                                                                                       standin, reference):  # fmt: skip
     """The driver killed with -9 just after the third unit's rows went into the cache and before its ledger was
@@ -135,8 +142,7 @@ def test_a_build_killed_in_the_middle_finishes_without_tokenizing_a_finished_uni
     prelude = ("import os, signal\nimport levanter_mars.pretokenize.assemble as a\n_w = a.write_ledger\n_n = [0]\n"
                "def w(split_dir, ledger):\n    _n[0] += 1\n    if _n[0] == 3:\n        os.kill(os.getpid(), signal.SIGKILL)\n"
                "    _w(split_dir, ledger)\na.write_ledger = w\n")  # fmt: skip
-    code = prelude + "import sys\nfrom levanter_mars.main.pretokenize import cli\nsys.exit(cli(sys.argv[1:]))"
-    killed = run_python("-c", code, "--config_path", str(config), "--serial", "true", *SMALL_UNITS, timeout=300)
+    killed = _serial_build_with(prelude, config)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     split_dir = _split_dir(tmp_path)
     ledger = json.loads((split_dir / "shard_ledger.json").read_text())
@@ -380,8 +386,7 @@ def test_a_cache_that_fails_its_check_is_cut_back_and_the_rerun_mends_it(tmp_pat
     wrong = ("import numpy as np\nimport levanter_mars.pretokenize.worker as w\n_f = w._flush\n"
              "def flush(pending, *rest):\n    if pending:\n        pending[0] = pending[0].copy()\n"
              "        pending[0][1] = (pending[0][1] + 1) % 4000\n    return _f(pending, *rest)\nw._flush = flush\n")  # fmt: skip
-    code = wrong + "import sys\nfrom levanter_mars.main.pretokenize import cli\nsys.exit(cli(sys.argv[1:]))"
-    bad = run_python("-c", code, "--config_path", str(config), "--serial", "true", *SMALL_UNITS, timeout=300)
+    bad = _serial_build_with(wrong, config)
     assert bad.returncode == 5, bad.stderr[-2000:]
     assert "the cache failed its check: unit 00000-00000" in bad.stderr and "which differ from token 1" in bad.stderr
     assert cli(["--config_path", str(config), "--serial", "true", *SMALL_UNITS]) == 0

@@ -344,6 +344,7 @@ def test_standalone_eval_of_a_gs_checkpoint_equals_the_eval_of_its_local_copy(gs
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # CI budget (130 s): in CI, a killed run on gs:// resumes bitwise and a torn checkpoint is quarantined
 def test_pod_sharing_the_bucket_survives_a_killed_host_and_a_torn_checkpoint_like_the_uninterrupted_pod(
     workdir, pydocs_corpus, gs, gcs, pod_reference
 ):

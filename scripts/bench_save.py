@@ -11,6 +11,11 @@
 * **memory**: host RSS after 1 and after 50 saves of a small state (the writer must not keep what it wrote).
 
 ``--quick``: a state 1/8 as wide and 5 saves (a smoke run; it writes no record unless ``--output`` is given).
+``--memory-only``: the memory figures alone, replacing those of the record (with the commit and load they were
+measured at); the blocking figures stay as they were.
+
+Saves go through the trainer's workaround of defect 50 (``compat.tensorstore_writes``: jax's writer kept each save's
+chunks in a 10 GB cache, +22 MB of RSS per save of the small state), as the trainer's checkpointer saves.
 """
 
 from __future__ import annotations
@@ -70,11 +75,14 @@ def levanter_save(state, path: str, step: int = 0) -> tuple[float, float]:
     from jax.experimental.array_serialization.serialization import GlobalAsyncCheckpointManager
     from levanter.checkpoint import save_checkpoint
 
+    from levanter_mars.compat.tensorstore_writes import writes_keep_no_chunk_cache
+
     if _manager is None:
         _manager = GlobalAsyncCheckpointManager(timeout_secs=3600)
     manager = _manager
     start = time.perf_counter()
-    save_checkpoint(state, step, path, manager=manager)
+    with writes_keep_no_chunk_cache():  # as the trainer's checkpointer saves
+        save_checkpoint(state, step, path, manager=manager)
     blocked = time.perf_counter() - start
     manager.wait_until_finished()
     return blocked, time.perf_counter() - start
@@ -133,7 +141,30 @@ def memory(workdir: Path, saves: int) -> dict:
             rss[step] = rss_bytes()
     return {"small_state_bytes": state_bytes(state), "saves": saves, "rss_after_1_save_mib": round(rss[1] / 2**20, 1),
             f"rss_after_{saves}_saves_mib": round(rss[saves] / 2**20, 1),
-            "rss_growth_mib": round((rss[saves] - rss[1]) / 2**20, 1)}  # fmt: skip
+            "rss_growth_mib": round((rss[saves] - rss[1]) / 2**20, 1),
+            "rss_growth_percent": round(100 * (rss[saves] - rss[1]) / rss[1], 1)}  # fmt: skip
+
+
+def memory_only(args) -> int:
+    from levanter_mars import versions
+
+    output = Path(args.output or DEFAULT_OUTPUT)
+    record = json.loads(output.read_text())
+    scratch = tempfile.mkdtemp(prefix="bench-save-", dir=args.workdir or REPO)
+    try:
+        load = round(os.getloadavg()[0], 2)
+        figures = memory(Path(scratch), saves=5 if args.quick else 50)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    figures.update({"command": versions.command_line(), "levanter_mars": versions.source_commit(),
+                    "load_average_1m_at_start": load})  # fmt: skip
+    if "before_defect_50_workaround" in record.get("memory", {}):  # the figures the workaround is judged against
+        figures["before_defect_50_workaround"] = record["memory"]["before_defect_50_workaround"]
+    record["memory"] = figures
+    text = json.dumps(record, indent=1)
+    print(text)
+    output.write_text(text + "\n")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -144,9 +175,14 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", default=None, help="where the saves go (default: a temporary directory under the "
                         "repository, on the disk checkpoints of local runs use)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="a state 1/8 as wide and 5 saves")
+    parser.add_argument("--memory-only", action="store_true", help="measure the memory figures alone and replace "
+                        "those of the record (default: the committed one)")  # fmt: skip
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from levanter_mars.bench.report import record_header
+
+    if args.memory_only:
+        return memory_only(args)
 
     scratch = tempfile.mkdtemp(prefix="bench-save-", dir=args.workdir or REPO)
     try:

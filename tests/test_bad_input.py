@@ -48,6 +48,8 @@ def _assert_nothing_started(tmp_path):
         ({"trainer": {"checkpointer": {"keep": [{"every:100": None}]}}}, "trainer.checkpointer.keep[0] must be"),
         ({"trainer": {"nonfinite": "ignore"}}, "trainer.nonfinite"),
         ({"trainer": {"model_axis_size": 3}}, "trainer.model_axis_size"),
+        ({"trainer": {"preemption_grace_s": 0}}, "trainer.preemption_grace_s must be a number of seconds > 0"),
+        ({"trainer": {"preemption_grace_s": -5.0}}, "trainer.preemption_grace_s"),
         ({"model": {"num_heads": 3}}, "model.hidden_dim"),
         ({"data": {"tokenizer": "/nonexistent/tokenizer"}}, "data.tokenizer"),
         ({"log_entropy": True}, "log_entropy is not supported"),

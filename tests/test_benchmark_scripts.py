@@ -47,12 +47,16 @@ class Script:
 
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
-    """The two smoke runs, started together: on 2 cores their start-up and compilation overlap."""
+    """The two smoke runs, each started by the first test that reads it."""
     work = tmp_path_factory.mktemp("bench-scripts")
-    started = {
-        "optimizer": Script("bench_optimizer.py", workdir=work),
-        "step": Script("bench_step.py", workdir=work),
-    }
+    names = {"optimizer": "bench_optimizer.py", "step": "bench_step.py"}
+
+    class Started(dict):  # a script starts when a test first asks for it (the optimizer's smoke run is extended)
+        def __missing__(self, key):
+            self[key] = Script(names[key], workdir=work)
+            return self[key]
+
+    started = Started()
     yield started
     for script in started.values():
         if script.proc.poll() is None:
@@ -86,6 +90,7 @@ def _rows_well_formed(rows: list[dict]) -> dict[str, dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # CI budget (85 s): in CI, bench_step.py's smoke run and the update-traffic tests
 def test_bench_optimizer_quick(scripts):
     result = scripts["optimizer"].result()
     assert result["benchmark"] == "optimizer_update" and result["machine"]["platform"] == "cpu"
@@ -213,3 +218,14 @@ def test_tpu_goals_judge_each_construction_guarded_and_alone_in_each_figure():
                      f"{mars_m} {label} (v5e, {c}, {variant}; limit: Muon's + 3)"]
             expected += [(name, *verdict) for name, verdict in zip(names, verdicts, strict=True)]
     assert [(g["goal"], pytest.approx(g["measured"]), g["limit"], g["met"]) for g in goals] == expected
+
+
+def test_the_save_benchmarks_state_is_gpt2_smalls_parameters_four_times():
+    """scripts/bench_save.py saves GPT-2 small's state size: its 124,439,808 parameters (Levanter's stacked layout) in
+    4 float32 trees (the parameters and MARS-AdamW's 3), about 2 GB."""
+    import math
+
+    bench = load_script("bench_save")
+    parameters = sum(math.prod(shape) for shape in bench.gpt2_small_shapes().values())
+    assert parameters == 124_439_808
+    assert bench.COPIES * parameters * 4 == pytest.approx(2e9, rel=0.01)

@@ -211,6 +211,7 @@ def _copy_without_run(out, tmp_path, arm: str, seed: int):
     return copy, rid
 
 
+@pytest.mark.extended  # CI budget: a Ray pod and the eval suite; in CI the runs train as plain processes
 def test_a_missing_run_is_trained_on_the_local_pod_with_the_same_losses(nano, tmp_path):
     """The same comparison with one completed run removed, finished through the launcher on a one-host local pod:
     only that run is trained, and its losses are bitwise those of the run trained as a plain process. Then the eval

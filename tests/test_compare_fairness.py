@@ -1,4 +1,4 @@
-"""The comparison's fairness, held on the runs it makes (``compare.runs.run_config``), each started by the training
+"""The comparison's fairness, held on the runs it makes (``compare.run_configs.run_config``), each started by the training
 CLI as the comparison starts it and stopped before its first step: at one seed every arm starts from the same initial
 parameters, reads the same first batches (token ids) and so has the same initial loss; another seed changes all
 three. What an arm sets (its optimizer) is all that differs."""
@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from levanter_mars.compare.comparison import open_comparison
-from levanter_mars.compare.plan import RunKey
+from levanter_mars.compare.tuning import RunKey
 from levanter_mars.compare.spec import parse
 from levanter_mars.training.data.pydocs_corpus import config_section
 from levanter_mars.training.yaml_sections import deep_merge
@@ -33,7 +33,7 @@ def starts(tmp_path_factory, pydocs_corpus):
     (work / "spec.yaml").write_text(yaml.safe_dump(spec))
     parsed, overrides, _ = parse(["--config_path", str(work / "spec.yaml")])
     comparison = open_comparison(parsed, overrides)
-    from levanter_mars.compare.runs import write_config
+    from levanter_mars.compare.run_configs import write_config
 
     found = {}
     for arm, lr, seed in (("adamw", 1e-3, 1), ("mars-m", 4e-3, 1), ("adamw", 1e-3, 2)):

@@ -135,8 +135,9 @@ def test_the_bases_other_optimizer_fields_are_refused_by_name_unless_dropped_or_
 
 def test_a_run_sent_to_a_pod_writes_its_logs_under_the_shipped_directory_not_this_machines(tmp_path, write_spec,
                                                                                           monkeypatch):  # fmt: skip
-    from levanter_mars.compare.plan import RunKey
-    from levanter_mars.compare.runs import Layout, run_config
+    from levanter_mars.compare.tuning import RunKey
+    from levanter_mars.compare.layout import Layout
+    from levanter_mars.compare.run_configs import run_config
     from levanter_mars.compare.spec import load_base
 
     monkeypatch.chdir(tmp_path)  # the working directory the launcher ships

@@ -21,6 +21,7 @@ from levanter_mars.training.errors import (
     ExitCode,
     LeaseRecordError,
     NonFiniteTrainingError,
+    Preempted,
     ResizeRequested,
     RunLeasedError,
     StorageError,
@@ -36,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
     (CheckpointError("x"), 5), (EvalFailedError("x"), 6), (EvalDatasetError("x"), 6), (RuntimeError("bug"), 1),
     (OSError("lost a peer"), 1), (ResizeRequested("x"), 7), (StoragePathError("x"), 2),
     (CheckpointMismatchError("another optimizer"), 2), (LeaseRecordError("x"), 2), (StorageError("lease"), 5),
-    (RunLeasedError("x"), 8), (KeyboardInterrupt(), 130),
+    (RunLeasedError("x"), 8), (Preempted("x"), 9), (KeyboardInterrupt(), 130),
 ])  # fmt: skip
 def test_each_stop_the_run_decides_has_its_own_code_and_anything_else_is_a_crash(error, code):
     assert exit_code(error) == code
@@ -46,9 +47,14 @@ def test_launchers_retry_crashes_signals_storage_and_asked_resizes_only():
     """On one host, with budgets left: what is retried (training/outcome.py has the whole policy). A person's
     interrupt, as the program reports it (130) or as a process killed by SIGINT (-2), is not."""
     retried = [c for c in range(-15, 160) if judge([c], RetryBudget(), {}).action == "retry"]
-    assert retried == [*range(-15, -2), -1, 1, 5, 7, 128, 129, *range(131, 160)]
+    assert retried == [*range(-15, -2), -1, 1, 5, 7, 9, 128, 129, *range(131, 160)]
     assert judge([7, -15], RetryBudget(), {}).retry_kind == "resize"  # the peer torn down after process 0 stopped
     assert judge([7, 7], RetryBudget(resize=1), {"resize": 1}).action == "give_up"
+    # A preemption that saved (every host, or process 0 with a peer torn down after it) is a preemption, not a failure:
+    # its budget, never the failures'.
+    for exits in ([9, 9], [9, -15], [9, None]):
+        assert judge(exits, RetryBudget(failure=0), {}).retry_kind == "preemption", exits
+    assert judge([9, 9], RetryBudget(preemption=2), {"preemption": 2}).action == "give_up"
     assert DECIDED_STOPS == {2, 3, 4, 5, 6, 8, 130}
 
 
@@ -59,9 +65,13 @@ def test_the_pod_driver_and_the_launcher_end_with_the_runs_own_code(capsys):
     assert pod.run_attempts(results(0, 0), RetryBudget()) == 0
     assert pod.run_attempts(results(3, 3), RetryBudget()) == 3
     assert "exit 3 (nonfinite stop)" in capsys.readouterr().err
+    # A preempted attempt that saved (exit 9 on every host) is retried at once, on the preemption budget.
+    attempts = iter([(9, 9), (0, 0)])
+    assert pod.run_attempts(lambda previous: results(*next(attempts))(previous), RetryBudget(failure=0)) == 0
+    assert "the run was preempted" in capsys.readouterr().err and next(attempts, None) is None
     # The launcher reads the driver's exit code: a run's own stop is passed on, anything else is a failure.
     assert [launch.launch_exit_code(c) for c in (2, 3, 4, 5, 6, 8, 130)] == [2, 3, 4, 5, 6, 8, 130]
-    assert [launch.launch_exit_code(c) for c in (None, 1, 137, -9)] == [1, 1, 1, 1]
+    assert [launch.launch_exit_code(c) for c in (None, 1, 9, 137, -9)] == [1, 1, 1, 1, 1]
 
 
 def _table(text: str) -> dict[int, str]:

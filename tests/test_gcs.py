@@ -290,7 +290,9 @@ def _assert_the_rerun_loaded_its_programs_from_the_bucket(paths, kill_at, gs, gc
     record = read_record(paths["run_dir"] / "goodput.json")
     killed, rerun = record["attempts"]
     print(f"killed at step {kill_at}; goodput.json:", json.dumps(record, indent=1))
-    assert killed["exit_code"] is None and rerun["exit_code"] == 0 and rerun["first_step"] in (11, 21)
+    # Resumed from a checkpoint between step-10 (committed before the kill) and the step before the kill: a temporary
+    # one (every 3 s) may be newer than the kept step-10/20 on a loaded machine.
+    assert killed["exit_code"] is None and rerun["exit_code"] == 0 and 11 <= rerun["first_step"] <= kill_at
     assert killed["compile_cache"]["stored"] > rerun["compile_cache"]["stored"]
     assert rerun["compile_cache"]["hits"] > killed["compile_cache"]["hits"]
     # Times are measured, not asserted (a retry still traces and lowers every program): the record shows them.
@@ -344,6 +346,7 @@ def test_standalone_eval_of_a_gs_checkpoint_equals_the_eval_of_its_local_copy(gs
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # CI budget (130 s): in CI, a killed run on gs:// resumes bitwise and a torn checkpoint is quarantined
 def test_pod_sharing_the_bucket_survives_a_killed_host_and_a_torn_checkpoint_like_the_uninterrupted_pod(
     workdir, pydocs_corpus, gs, gcs, pod_reference
 ):

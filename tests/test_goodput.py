@@ -141,7 +141,8 @@ def test_a_dead_attempt_is_completed_by_the_next_and_its_redone_steps_are_lost(t
     data = goodput.read_record(run_dir / goodput.GOODPUT_FILENAME)
     a, b = data["attempts"]
     assert (a["launch_id"], a["attempt"], b["attempt"]) == ("L", 1, 2)
-    assert a["exit_code"] is None and "completed by attempt 2" in a["reason"]
+    assert a["exit_code"] is None and "completed by attempt 2" in a["reason"] and a["ended_as"] == "lost"
+    assert a["steps_redone_next"] == 6  # steps 11..16
     assert a["last_step"] == 16 and a["ended"] == _iso(T0 + 54)
     assert a["seconds"]["train"] == pytest.approx(6.0)  # kept: the training before the checkpoint it resumed from
     assert a["seconds"]["lost"] == pytest.approx(2.0 + 4.0)  # redone (8 - 6), and the 4 s after its last record
@@ -246,3 +247,28 @@ def test_a_dead_attempt_is_not_credited_with_steps_an_earlier_attempt_logged():
     assert (entry["ended"], entry["last_step"], entry["unrecorded"]) == (_iso(T0 + 20), 34, 0.0)
     arithmetic.complete_dead_attempt(entry, (T0 + 25, 36), completed_by=2)
     assert (entry["ended"], entry["last_step"], entry["unrecorded"]) == (_iso(T0 + 25), 36, 5.0)
+
+
+@pytest.mark.parametrize("saved,resumed_at,redone", [(17, 18, 0), (None, 11, 7)])
+def test_a_preempted_attempt_says_what_it_saved_and_the_next_how_many_steps_it_redid(tmp_path, now, saved,
+                                                                                     resumed_at, redone):
+    """Saved on the notice: the next attempt starts right after it, 0 redone; past the grace (None saved): from the
+    checkpoint before, redoing the steps since."""
+    run_dir = tmp_path / "run"
+    first = goodput.GoodputRecord.open(run_dir, FixedClock(now, T0, train=10.0), "L")
+    first.begin(0)
+    for step in range(18):
+        first.step_done(step)
+    first.preempted(saved, 0.4)
+    now[0] = T0 + 20
+    first.close(9, "Preempted: ...")
+    second = goodput.GoodputRecord.open(run_dir, FixedClock(now, T0 + 25, train=4.0), "L")
+    second.begin(resumed_at)
+    now[0] = T0 + 40
+    second.close(0, "done")
+    a, b = goodput.read_record(run_dir / goodput.GOODPUT_FILENAME)["attempts"]
+    ended = "preempted, not saved" if saved is None else f"preempted, saved at step {saved}"
+    assert a["ended_as"] == ended and a["preemption"] == {"saved_step": saved, "save_seconds": 0.4}
+    assert a["steps_redone_next"] == redone and b["steps_redone_next"] is None and b["ended_as"] == "done"
+    line = describe(goodput.read_record(run_dir / goodput.GOODPUT_FILENAME))[1]
+    assert f"exit 9 ({ended} in 0.4 s; the next attempt redid {redone} step(s))" in line, line

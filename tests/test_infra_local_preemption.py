@@ -142,3 +142,20 @@ def test_a_cluster_that_is_gone_is_refused_by_name_not_asked(tmp_path):
         gone = local_cluster(state, command, "--slice", "1")
         assert gone.returncode == 2 and f"that cluster is gone: no process of the cluster in {tmp_path}" in gone.stderr
         assert "Traceback" not in gone.stderr, gone.stderr
+
+
+def test_the_notice_goes_to_the_training_processes_first():
+    """``preempt`` gives a slice's training processes their notice (SIGTERM, up to NOTICE_S to save and exit 9) before
+    the rest of the slice goes: found among a node's processes by their command line."""
+    from levanter_mars.infra.host import TRAIN_MODULE
+    from levanter_mars.infra.local_preemption import training_processes
+
+    training = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", TRAIN_MODULE])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        procs = [psutil.Process(training.pid), psutil.Process(other.pid)]
+        assert [p.pid for p in training_processes(procs)] == [training.pid]
+    finally:
+        for proc in (training, other):
+            proc.kill()
+            proc.wait()

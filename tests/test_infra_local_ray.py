@@ -118,6 +118,7 @@ def _previous_run(workdir, run_id: str) -> dict[str, Path]:
     return old
 
 
+@pytest.mark.extended  # CI budget (220 s): the engine runs in CI in the decided-stop test below
 def test_local_pod_of_two_hosts_survives_a_killed_process_and_resumes_bitwise(workdir, pydocs_corpus, pod_reference):
     """One command (no --address: the launcher starts and stops its own cluster), 2 hosts x 2 devices, with
     ``--fresh true`` and W&B on. A dead host's retry resumes the run the first attempt started (fresh=true is

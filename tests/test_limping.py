@@ -150,6 +150,11 @@ def test_after_a_preemption_the_count_waits_until_ray_sees_the_slice_gone_or_the
     assert next_count((2, 1), 2, [0, None], lambda: looks.append(1) or (2 if len(looks) < 3 else 1)) == 1
     assert len(looks) >= 3  # looked again until the slice was gone
     assert next_count((2, 1), 2, [1, 1], lambda: 2) == 2
+    # After a preemption's notice was saved (exit 9) its slice goes within the notice: the count looks until it has
+    # gone (here at the second look), within the short settle, not the lost host's.
+    looks = []
+    assert next_count((2, 1), 2, [9, 9], lambda: looks.append(1) or (2 if len(looks) < 2 else 1)) == 1
+    assert len(looks) >= 2
 
 
 def test_the_first_attempt_waits_for_the_largest_count_then_with_several_allowed_takes_what_is_up():

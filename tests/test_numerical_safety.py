@@ -96,7 +96,7 @@ def test_exact_mode_nonfinite_second_gradient_alone_skips_the_step(bad):
 
 def test_an_optimizer_that_overflows_on_finite_inputs_writes_nothing_nonfinite_and_is_counted():
     """optax.trace with a decay of 1e30 overflows float32 by its third step though every gradient is finite: its
-    trace is kept at its last finite value, the update (the trace) is zeroed, the values kept out are counted as
+    trace is kept at its last finite value, the update (the trace) is zeroed, each value kept is counted as
     nonfinite_outputs, and no step is skipped. Jitted, as in training."""
     params = _params()
     tx = skip_nonfinite_updates(optax.trace(decay=1e30))
@@ -107,18 +107,102 @@ def test_an_optimizer_that_overflows_on_finite_inputs_writes_nothing_nonfinite_a
         params = optax.apply_updates(params, updates)
         assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves((params, updates, state)))
     assert int(state.skipped_steps) == 0
-    # Steps 3 and 4 overflow every value of the trace: 2 x (48 + 6) values kept out, and counted.
-    assert float(state.nonfinite_outputs) == 2 * (48 + 6)
-    assert float(state.hyperparams["nonfinite_outputs"]) == 108
+    # Steps 3 and 4 overflow every value of the trace (48 + 6) and so every update value: each kept value counted.
+    assert float(state.nonfinite_outputs) == 2 * (48 + 6) * 2
+    assert float(state.hyperparams["nonfinite_outputs"]) == 216
 
 
-def test_an_update_that_takes_a_parameter_past_float_range_is_counted():
-    """A finite update that a parameter cannot take (3e38 + 3e38) is counted as it is applied."""
-    params = {"w": jnp.full((4,), 3e38)}
-    tx = skip_nonfinite_updates(optax.sgd(-3e38))  # a negative rate: +3e38 for a gradient of 1
-    updates, state = tx.update({"w": jnp.ones(4)}, tx.init(params), params)
-    assert bool(jnp.all(jnp.isfinite(updates["w"])))
-    assert float(state.nonfinite_outputs) == 4.0
+def test_a_parameter_at_the_edge_of_float_range_keeps_its_value_and_is_counted():
+    """Finite updates of +-1e38 (a rate of -1e38: update = 1e38 x gradient): the two parameters at +-3.4e38 they would
+    take past float range keep their values (the update there is zeroed), the others move, and exactly those two
+    are counted."""
+    params = {"w": jnp.array([3.4e38, 3.4e38, 1.0, -3.4e38, 2e38])}
+    grads = {"w": jnp.array([1.0, -1.0, 1.0, -1.0, 0.5])}
+    raw, _ = optax.sgd(-1e38).update(grads, optax.sgd(-1e38).init(params), params)
+    raw_sum = params["w"] + raw["w"]
+    assert bool(jnp.all(jnp.isfinite(raw["w"]))) and not bool(jnp.isfinite(raw_sum[0]))  # the premise
+    tx = skip_nonfinite_updates(optax.sgd(-1e38))
+    updates, state = jax.jit(tx.update)(grads, tx.init(params), params)
+    written = optax.apply_updates(params, updates)["w"]
+    overflows = jnp.array([True, False, False, True, False])
+    assert bool(jnp.array_equal(jnp.isfinite(raw_sum), ~overflows))
+    assert bool(jnp.array_equal(written, jnp.where(overflows, params["w"], raw_sum)))
+    assert bool(jnp.array_equal(updates["w"], jnp.where(overflows, 0.0, raw["w"])))
+    assert float(state.nonfinite_outputs) == 2.0 and int(state.skipped_steps) == 0
+
+
+def test_a_nonfinite_update_from_finite_gradients_is_zeroed_and_counted():
+    """A scale of 1e60 (two of 1e30) makes an Inf update from each non-zero gradient: zeroed, counted one each."""
+    params = {"w": jnp.array([1.0, 2.0, 3.0])}
+    tx = skip_nonfinite_updates(optax.chain(optax.scale(1e30), optax.scale(1e30)))
+    updates, state = tx.update({"w": jnp.array([1.0, 0.0, -2.0])}, tx.init(params), params)
+    assert bool(jnp.array_equal(updates["w"], jnp.zeros(3)))
+    assert float(state.nonfinite_outputs) == 2.0 and int(state.skipped_steps) == 0
+
+
+def test_each_value_kept_is_counted_once_on_a_small_tree():
+    """optax.trace(decay=2) (its update is its new trace) from a state near float's edge, finite gradients:
+
+    * a[0]: the trace (2 x 2e38) overflows, so does the update: the trace and the update value kept: 2;
+    * a[2]: a finite update (2e38) that would take its parameter (2e38) past float range: zeroed: 1;
+    * a[3]: 3.4e38 + 1 is finite (rounds to 3.4e38): written, not counted;
+    * b[0, 0]: the trace (2 x -2e38) overflows downwards, and its update: 2; b[1, 1]: -3.4e38 + 4 is finite.
+
+    5 in all; every value kept holds its previous value, every other one what the step computes."""
+    params = {"a": jnp.array([0.0, 0.0, 2e38, 3.4e38]), "b": jnp.array([[0.0, 0.0], [0.0, -3.4e38]])}
+    grads = {"a": jnp.ones(4), "b": jnp.array([[1.0, 2.0], [3.0, 4.0]])}
+    trace = {"a": jnp.array([2e38, 0.0, 1e38, 0.0]), "b": jnp.array([[-2e38, 0.0], [0.0, 0.0]])}
+    tx = skip_nonfinite_updates(optax.trace(decay=2.0))
+    state = tx.init(params)
+    state = state._replace(inner_state=optax.TraceState(trace=trace))
+    updates, new_state = jax.jit(tx.update)(grads, state, params)
+    written = optax.apply_updates(params, updates)
+    assert float(new_state.nonfinite_outputs) == 5.0 and int(new_state.skipped_steps) == 0
+    new_trace = new_state.inner_state.trace
+    assert bool(jnp.array_equal(new_trace["a"], jnp.array([2e38, 1.0, 2e38, 1.0])))
+    assert bool(jnp.array_equal(new_trace["b"], jnp.array([[-2e38, 2.0], [3.0, 4.0]])))
+    assert bool(jnp.array_equal(written["a"], jnp.array([0.0, 1.0, 2e38, 3.4e38])))
+    assert bool(jnp.array_equal(written["b"], jnp.array([[0.0, 2.0], [3.0, -3.4e38]])))
+    # A second step from there counts on: the running total only grows by what that step kept.
+    _, later = jax.jit(tx.update)(grads, new_state, written)
+    assert float(later.nonfinite_outputs) > 5.0
+
+
+def _trainer_optimizer(name: str):
+    """The chain the trainer wraps (a rate of 1e38 from the first step, no decay: updates of about +-1e38)."""
+    from levanter.optim import AdamConfig
+
+    from levanter_mars.optim.levanter_config import MarsAdamWConfig
+
+    common = dict(learning_rate=1e38, warmup=0.0, lr_schedule="constant", weight_decay=0.0)
+    if name == "adamw":
+        return AdamConfig(**common).build(10)
+    return MarsAdamWConfig(learning_rate_1d=1e38, **common).build(10)
+
+
+@pytest.mark.parametrize("name", ["adamw", "mars-adamw"])
+def test_the_trainer_chains_keep_parameters_at_the_edge_and_count_them(name):
+    """Through Levanter's AdamW and MARS-AdamW as the trainer builds them: parameters set to 3.4e38 in the direction
+    of their update (known from the unguarded chain) keep their value and are counted, exactly; every other parameter
+    and the state are what the unguarded chain writes."""
+    params, grads = _params(), _grads(1)
+    raw_updates, raw_state = _trainer_optimizer(name).update(grads, _trainer_optimizer(name).init(params), params)
+    edge = {k: jnp.zeros(v.shape, bool).reshape(-1).at[::5].set(True).reshape(v.shape) for k, v in params.items()}
+    params = jax.tree.map(lambda p, u, e: jnp.where(e, 3.4e38 * jnp.sign(u), p), params, raw_updates, edge)
+    raw_updates, raw_state = _trainer_optimizer(name).update(grads, _trainer_optimizer(name).init(params), params)
+    raw_sums = jax.tree.map(lambda p, u: p + u, params, raw_updates)
+    overflowing = sum(int(jnp.sum(~jnp.isfinite(x))) for x in jax.tree.leaves(raw_sums))
+    assert overflowing == sum(int(jnp.sum(e)) for e in jax.tree.leaves(edge)) > 0  # the premise
+    floats = [x for x in jax.tree.leaves(raw_state) if jnp.issubdtype(x.dtype, jnp.floating)]
+    assert all(bool(jnp.all(jnp.isfinite(x))) for x in floats)
+
+    tx = skip_nonfinite_updates(_trainer_optimizer(name))
+    updates, state = tx.update(grads, tx.init(params), params)  # eager, as the unguarded reference: bitwise alike
+    written = optax.apply_updates(params, updates)
+    expected = jax.tree.map(lambda p, s: jnp.where(jnp.isfinite(s), s, p), params, raw_sums)
+    assert _tree_equal(written, expected)
+    assert float(state.nonfinite_outputs) == overflowing and int(state.skipped_steps) == 0
+    assert _tree_equal(state.inner_state, raw_state)
 
 
 def test_guard_keeps_injected_hyperparameters_visible_for_logging():

@@ -81,6 +81,7 @@ def _gpt2_parameters(vocab: int, hidden: int, layers: int, seq_len: int) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # CI budget (200 s): in CI, pre-flight compiles smaller slices below
 def test_small_mars_on_v4_32_fits_with_figures(small_mars_on_v4_32):
     proc, report = small_mars_on_v4_32
     for key in ("tpu_type", "topology", "chips", "hbm_bytes_per_chip", "per_chip", "fits", "flops_per_step",
@@ -109,6 +110,7 @@ def test_small_mars_on_v4_32_fits_with_figures(small_mars_on_v4_32):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # the v4-32 compile above
 def test_parameters_and_optimizer_state_per_chip_match_a_hand_count(small_mars_on_v4_32):
     _, report = small_mars_on_v4_32
     # The vocabulary (50257) is padded to a multiple of the 16-way FSDP axis; every tensor is split 16 ways.

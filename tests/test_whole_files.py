@@ -12,7 +12,7 @@ import fsspec
 import pytest
 
 from levanter_mars.compare import outputs
-from levanter_mars.compare import runs as compare_runs
+from levanter_mars.compare import layout, records, run_configs
 from levanter_mars.training import whole_files
 from levanter_mars.training.checkpointing import manifest
 from levanter_mars.training.checkpointing.storage import MANIFEST_NAME
@@ -88,8 +88,8 @@ def _comparison_outputs(directory: Path) -> None:
         outputs.write_all({"comparison": "c"}, str(directory))
 
 
-def _record(rid: str) -> compare_runs.RunRecord:
-    return compare_runs.RunRecord(run_id=rid, arm="mars", point={"lr": 0.1}, seed=0, status="ok", exit_code=0,
+def _record(rid: str) -> records.RunRecord:
+    return records.RunRecord(run_id=rid, arm="mars", point={"lr": 0.1}, seed=0, status="ok", exit_code=0,
                                   config_digest="d", seconds=1.0, where="local", log="x.log")  # fmt: skip
 
 
@@ -111,10 +111,10 @@ WRITERS = {
     "comparison outputs": lambda d: (d / "compare.json", "{}", lambda: _comparison_outputs(d)),
     "comparison run record": lambda d: (
         d / "records" / "r.json", "{}",
-        lambda: compare_runs.write_record(compare_runs.Layout(str(d), ""), _record("r"))),
+        lambda: records.write_record(layout.Layout(str(d), ""), _record("r"))),
     "comparison run config": lambda d: (
         d / "configs" / "r.yaml", "a: 0\n",
-        lambda: compare_runs.write_config(compare_runs.Layout(str(d), ""), "r", {"a": 1})),
+        lambda: run_configs.write_config(layout.Layout(str(d), ""), "r", {"a": 1})),
 }
 
 

@@ -75,6 +75,49 @@ def install_kill_at_step(step: int, once_exists: Optional[str] = None, process: 
     MarsTrainer.train_step = train_step
 
 
+def install_sigterm_at_step(step: int, process: Optional[int] = None) -> None:
+    """A preemption notice: SIGTERM to this process (with ``process``, only that process of a pod) as training step
+    ``step`` is about to run, once, delivered by the kernel like a cloud's. Nothing else is patched: what the run does
+    with it is the program's own."""
+    import jax
+
+    from levanter_mars.training.trainer import MarsTrainer
+
+    original_step = MarsTrainer.train_step
+    sent = []
+
+    def train_step(self, state, *batch, **batch_kwargs):
+        if int(state.step) >= step and not sent and (process is None or jax.process_index() == process):
+            sent.append(step)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original_step(self, state, *batch, **batch_kwargs)
+
+    MarsTrainer.train_step = train_step
+
+
+def install_slow_checkpoint_write(step: int, seconds: float) -> None:
+    """Checkpoint ``step-<step>``'s arrays take ``seconds`` more to be written (in the background writer, before its
+    commit): a save on slow storage."""
+    import time
+
+    class _Slow:
+        def __init__(self, manager):
+            self.manager = manager
+
+        def serialize_with_paths(self, arrays, paths, on_commit_callback=None):
+            def commit():
+                time.sleep(seconds)
+                if on_commit_callback is not None:
+                    on_commit_callback()
+
+            self.manager.serialize_with_paths(arrays, paths, on_commit_callback=commit)
+
+        def __getattr__(self, name):
+            return getattr(self.manager, name)
+
+    _intercept_save(step, _Slow)
+
+
 def install_pause_at_step(step: int, signal_path: str) -> None:
     """Stops as training step ``step`` is about to run, alive (its threads run on), after writing ``signal_path``: a
     live run held still for as long as a test needs, until it is killed."""

@@ -10,11 +10,11 @@ from typing import Any, Callable, Optional, Sequence
 
 from levanter_mars import versions
 from levanter_mars.compare import execute
-from levanter_mars.compare.plan import Outcome, Plan, RunKey, plan, point_label, run_id
-from levanter_mars.compare.runs import (
-    Layout, RunRecord, RunResult, arm_optimizer, check_reusable, config_digest, read_record, read_result, run_config,
-    status_of, write_config, write_record,
-)  # fmt: skip
+from levanter_mars.compare.tuning import EndedRun, Plan, RunKey, plan, point_label, run_id
+from levanter_mars.compare.layout import Layout
+from levanter_mars.compare.records import RunRecord, check_reusable, read_record, status_of, write_record
+from levanter_mars.compare.results import RunResult, read_result
+from levanter_mars.compare.run_configs import arm_optimizer, config_digest, run_config, write_config
 from levanter_mars.training.yaml_sections import deep_merge
 from levanter_mars.compare.spec import CompareConfig, SpecError, load_base
 
@@ -48,7 +48,7 @@ class Comparison:
     def remote(self) -> bool:
         return self.spec.tpu_type is not None and self.spec.tpu_type != "cpu"
 
-    def outcomes(self) -> dict[RunKey, Outcome]:
+    def outcomes(self) -> dict[RunKey, EndedRun]:
         return {key: record.outcome(self._final(key)) for key, record in self.records.items()}
 
     def _final(self, key: RunKey) -> Optional[float]:

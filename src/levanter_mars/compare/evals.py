@@ -14,7 +14,7 @@ import sys
 from typing import Callable, Optional
 
 from levanter_mars.compare.comparison import Comparison
-from levanter_mars.compare.plan import Plan, RunKey, run_id
+from levanter_mars.compare.tuning import Plan, RunKey, run_id
 
 
 def results_path(comparison: Comparison, rid: str) -> str:

@@ -7,6 +7,7 @@ anywhere (Ctrl-C, a crash, a lost machine) resumes from its checkpoints the next
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,9 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, TextIO
 
-from levanter_mars.compare.plan import RunKey
+from levanter_mars.compare.tuning import RunKey
 from levanter_mars.compare.spec import CompareConfig, SpecError
-from levanter_mars.training.run.metrics import read_metrics
 
 #: Seconds between looks at the running processes (and between progress lines when nothing changes: 30).
 POLL_S = 1.0
@@ -70,12 +70,30 @@ class Running:
     started: float
     metrics_path: Optional[str]
     num_steps: int
+    _read: int = 0
+    """Bytes of the metrics file read so far: each look parses only the records appended since (the file grows to
+    a record per step, and the pool looks every second)."""
+    _step: int = 0
 
     def step(self) -> Optional[int]:
         if self.metrics_path is None:
             return None
-        records = read_metrics(self.metrics_path)
-        return max((int(r["step"]) + 1 for r in records), default=0)
+        try:
+            with open(self.metrics_path, "rb") as f:
+                if os.fstat(f.fileno()).st_size < self._read:  # set aside and started again
+                    self._read, self._step = 0, 0
+                f.seek(self._read)
+                appended = f.read()
+        except FileNotFoundError:
+            return self._step
+        complete = appended[: appended.rfind(b"\n") + 1]  # a torn last record is read whole next time
+        self._read += len(complete)
+        for line in complete.splitlines():
+            try:
+                self._step = max(self._step, int(json.loads(line)["step"]) + 1)
+            except (ValueError, KeyError, TypeError):
+                continue
+        return self._step
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,7 @@ def _check_name(value: str, where: str) -> None:
 
 def check(spec: CompareConfig) -> None:
     """What the spec alone decides (each run's training config is checked by the training program's own validation,
-    before any run starts: see ``compare.runs.validate``)."""
+    before any run starts: see ``compare.comparison.open_comparison``)."""
     _check_name(spec.name, "name")
     if not spec.base:
         raise SpecError("base: the base training config is required")

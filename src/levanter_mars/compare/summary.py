@@ -9,7 +9,7 @@ from typing import Any, Optional
 from levanter_mars import versions
 from levanter_mars.compare import measure
 from levanter_mars.compare.comparison import Comparison
-from levanter_mars.compare.plan import ArmPlan, Plan, RunKey, point_label, run_id
+from levanter_mars.compare.tuning import ArmPlan, Plan, RunKey, point_label, run_id
 
 DEFINITIONS = {
     "figures_from": "the final seeds only: none of them is a tuning seed (the tuning's winner's curse stays out)",
@@ -243,7 +243,7 @@ def _run_entry(comparison: Comparison, key: RunKey) -> dict[str, Any]:
 
 
 def _grid(arm) -> set:
-    from levanter_mars.compare.plan import grid_points
+    from levanter_mars.compare.tuning import grid_points
 
     return set(grid_points(arm))
 

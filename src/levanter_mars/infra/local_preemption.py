@@ -1,11 +1,13 @@
 """A TPU slice's preemption on the local engine (``local_cluster.py``), and the slice's return.
 
 ``python -m levanter_mars.infra.local_cluster preempt --temp_dir DIR --slice S [--down_s T]``: every Ray node of
-slice ``S`` goes away at once, as a preempted slice's VMs do: each node's raylet and all its descendants (Ray's
-agents and workers, the host tasks, the training processes they started) get SIGTERM, then SIGKILL after
-``GRACE_S``. The command returns once the cluster's GCS reports those nodes dead (what Levanter's ``run_on_pod``
-sees), or, with ``T`` > 0, once the slice is back ``T`` seconds later: its nodes started again as ``start`` starts
-them (``LocalRayCluster.start_node``: same node environment and resources, joining the head's GCS, fresh ports).
+slice ``S`` goes away at once, as a preempted slice's VMs do: first the notice, SIGTERM to the slice's training
+processes, which save the step every host agrees on and exit 9 (``training/preemption.py``), with up to ``NOTICE_S``
+for it, as a spot VM's ~30 s; then each node's raylet and all its descendants (Ray's agents and workers, the host
+tasks, a training process still there) get SIGTERM, then SIGKILL after ``GRACE_S``. The command returns once the
+cluster's GCS reports those nodes dead (what Levanter's ``run_on_pod`` sees), or, with ``T`` > 0, once the slice is
+back ``T`` seconds later: its nodes started again as ``start`` starts them (``LocalRayCluster.start_node``: same node
+environment and resources, joining the head's GCS, fresh ports).
 ``... restore --temp_dir DIR --slice S`` brings a preempted slice back later. Slice 0 is refused: its host 0 is the
 cluster's head (GCS, job API), and losing it ends the cluster.
 
@@ -31,6 +33,9 @@ from levanter_mars.infra.ports import reserve_ports
 
 GRACE_S = 5.0
 """Between SIGTERM and SIGKILL."""
+NOTICE_S = 30.0
+"""Between the training processes' preemption notice (SIGTERM) and the rest of the slice going, as on a spot VM;
+before it, the host tasks would die first and take their training processes with them (``infra/host.py``)."""
 GCS_TIMEOUT_S = 120.0
 """How long the GCS may take to report a slice's nodes dead (its health checks) or alive again."""
 POLL_S = 0.5
@@ -104,14 +109,26 @@ def node_processes(cluster: LocalRayCluster, node: int) -> list:
     raise RuntimeError(f"no raylet of node {node} (cmdline {flag}, {cluster.temp_dir}) is running")
 
 
+def training_processes(procs: Sequence) -> list:
+    """Those of ``procs`` (psutil processes) that run the training program."""
+    from levanter_mars.infra.host import TRAIN_MODULE
+    from levanter_mars.infra.ray_processes import command_line
+
+    return [proc for proc in procs if TRAIN_MODULE in command_line(proc)]
+
+
 def preempt(cluster: LocalRayCluster, slice_id: int) -> None:
     trees = [node_processes(cluster, node) for node in slice_nodes(cluster, slice_id)]
     procs, raylets = [proc for tree in trees for proc in tree], [tree[0].pid for tree in trees]
     signalled = time.monotonic()
-    killed = end_processes(procs, GRACE_S)
+    training = training_processes(procs)
+    killed = end_processes(training, NOTICE_S)
+    noticed_after = time.monotonic() - signalled
+    killed += end_processes([proc for proc in procs if proc not in training], GRACE_S)
     gone_after = time.monotonic() - signalled
     dead_after = gone_after + wait_for_gcs(cluster, slice_id, alive=0)
-    print(f"preempted slice {slice_id} ({slice_name(slice_id)}, {cluster.num_hosts} node(s)): SIGTERM to "
+    print(f"preempted slice {slice_id} ({slice_name(slice_id)}, {cluster.num_hosts} node(s)): the notice (SIGTERM) "
+          f"to its {len(training)} training process(es), gone after {noticed_after:.1f} s; SIGTERM to "
           f"{len(procs)} process(es) (raylet(s) {raylets} and their descendants), SIGKILL to {killed} after the "
           f"{GRACE_S:g} s grace; all gone after {gone_after:.1f} s, the node(s) dead in the cluster's GCS after "
           f"{dead_after:.1f} s", flush=True)  # fmt: skip

@@ -16,6 +16,14 @@ def name_of(proc) -> str:
     return ""
 
 
+def command_line(proc) -> str:
+    import psutil
+
+    with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+        return " ".join(proc.cmdline())
+    return ""
+
+
 def descendants(proc) -> list:
     import psutil
 

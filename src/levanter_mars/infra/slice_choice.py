@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Callable, Optional, Sequence
 
+from levanter_mars.training.errors import ExitCode
 from levanter_mars.training.run import resize
 
 logger = logging.getLogger("levanter_mars.infra.slice_choice")
@@ -27,7 +28,8 @@ PresentSlices = Callable[[], int]
 #: shuts down (a preempted VM, `local_cluster preempt`) is gone at once; one that vanishes silently is counted until
 #: Ray's health checks give up on it (its defaults: about 30 s). Counting it would ask for a slice that is not there.
 PREEMPTION_SETTLE_S = 30.0
-#: The same after hosts ended by a signal (a preemption's SIGTERM reaches the training process first).
+#: The same after hosts ended by a signal (a preemption's SIGTERM reaches the training process first), or saved on a
+#: preemption's notice (exit 9): its slice goes some 30 s after the notice, maybe not yet; the retry is at once.
 SIGNAL_SETTLE_S = 5.0
 
 
@@ -61,7 +63,7 @@ def next_count(counts: Sequence[int], previous: Optional[int], exits: Sequence[O
     """The count of a retry after an attempt on ``previous`` slices whose hosts ended with ``exits`` (None: lost)."""
     if previous is not None and any(code is None for code in exits):
         settle_after_preemption(previous, present)
-    elif previous is not None and any(code < 0 or code >= 128 for code in exits):
+    elif previous is not None and any(code < 0 or code >= 128 or code == ExitCode.PREEMPTED for code in exits):
         settle_after_preemption(previous, present, settle_s=SIGNAL_SETTLE_S)
     return wait_for_slices(counts, present)
 

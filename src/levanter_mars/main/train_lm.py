@@ -30,7 +30,7 @@ from levanter_mars.training.checkpointing.resume import plan_resume
 from levanter_mars.training.config import ConfigError
 from levanter_mars.training.data import cache_check, pydocs_corpus
 from levanter_mars.training.data import sources as data
-from levanter_mars.training.errors import ERROR_EXIT_CODES, ExitCode, RunLeasedError
+from levanter_mars.training.errors import ERROR_EXIT_CODES, ExitCode, Preempted, RunLeasedError
 from levanter_mars.training.lm import train_lm
 from levanter_mars.training.run import fresh, record_copy
 from levanter_mars.training.run import lease as run_lease
@@ -95,6 +95,8 @@ def _train(config: TrainAndEvalConfig, clock, lease: Optional[run_lease.RunLease
                  lease=lease)
     except BaseException as e:
         if record is not None and not (isinstance(e, RunLeasedError) and lease is not None and lease.lost):
+            if isinstance(e, Preempted):
+                record.preempted(e.saved_step, getattr(e, "save_s", None))
             record.close(exit_code(e), f"{type(e).__name__}: {e}")
         raise
     if record is not None:
@@ -165,7 +167,7 @@ def _run_cli(argv: list[str], interrupts: _Interrupts) -> int:
                 raise
             logger.exception("Training failed")
         print(f"{'config error' if code == ExitCode.CONFIG_ERROR else 'error'}: {e}", file=sys.stderr)
-        if distributed.is_multiprocess():
+        if distributed.is_multiprocess() or getattr(e, "leave_now", False):  # leave_now: a write is left running
             distributed.exit_now(code, together=getattr(e, "decided_together", False))
         return code
     except KeyboardInterrupt:  # a person's decision, not a crash: no traceback, and no launcher retries 130

@@ -6,10 +6,16 @@ update's own pass.
    skipped step is a no-op: zero updates, the previous state kept, counted in ``skipped_steps`` and
    ``consecutive_skips`` (the trainer stops on them per ``trainer.nonfinite``).
 2. **Write nothing non-finite, ever.** Even with finite inputs an optimizer's own arithmetic can overflow. Each value
-   written (an update, a state buffer) is selected element by element: the new value where it is finite, else the
-   previous state's (an update's: zero). The select is elementwise, so it fuses into the pass that computes the
-   value; no write waits for a reduction over the outputs, and nothing reads the state a second time. Such values are
-   counted (``nonfinite_outputs``, a metric of its own), not skipped.
+   written is selected element by element: a state value is the new one where it is finite, else the previous one;
+   an update value is the new one where the parameter it is added to stays finite (``param + update``, the sum the
+   trainer writes: false for a NaN/Inf update too), else zero, so the parameter keeps its previous value. The
+   selects are elementwise, so they fuse into the pass that computes the value; no write waits for a reduction over
+   the outputs, and nothing reads the state a second time. Every value so kept is counted once in
+   ``nonfinite_outputs`` (a metric of its own): a state value kept, an update value zeroed (whether it was NaN/Inf
+   or would have taken its parameter past float range); an element whose state and update were both kept counts
+   twice, once per value written. Such steps are not skipped. MARS's and MARS-M's own buffers (kept finite in their
+   pass, ``writes.py``) are not counted: finite whenever the step's inputs are (the correction is clipped, ``eps`` >
+   0), they are never replaced on a taken step.
 
 ``optax.apply_if_finite`` and MaxText's spike guard decide from the inputs too; unlike the former, this never gives up
 and applies a non-finite update after too many skips.
@@ -25,7 +31,7 @@ import jax.numpy as jnp
 import optax
 
 from levanter_mars.optim.objective import DifferentiableObjective, as_scalar
-from levanter_mars.optim.writes import Writes, kept_finite, replaced_count
+from levanter_mars.optim.writes import Writes, kept_finite, replaced, replaced_count
 
 
 class NonFiniteGuardState(NamedTuple):
@@ -40,8 +46,8 @@ class NonFiniteGuardState(NamedTuple):
     skipped_steps: jax.Array
     consecutive_skips: jax.Array
     nonfinite_outputs: jax.Array
-    """Output values (updates and state) the optimizer computed as NaN/Inf from finite inputs, kept out; a running
-    total (float32: exact to 2**24)."""
+    """Values that would have been written NaN/Inf on a taken step and kept their previous value instead (a state
+    value kept, an update value zeroed; the module docstring); a running total (float32: exact to 2**24)."""
 
     @property
     def hyperparams(self) -> dict[str, Any]:
@@ -83,31 +89,43 @@ class _CheckedObjective:
         return value, grads
 
 
-def _kept_finite_tree(new: Any, old: Any, take: jax.Array, owned_ids: set[int]) -> tuple[Any, jax.Array]:
-    """``new`` kept finite where its optimizer did not keep it itself (``owned_ids``), and the values replaced."""
-    counts = []
+def _kept_finite_tree(new: Any, old: Any, take: jax.Array, owned_ids: set[int]) -> tuple[Any, list[jax.Array]]:
+    """``new`` kept finite where its optimizer did not keep it itself (``owned_ids``), and where values were replaced
+    (:func:`replaced`)."""
+    indicators = []
 
     def select(value, previous):
         if id(value) in owned_ids:
             return value
         written = kept_finite(value, previous, take)
-        counts.append(jnp.where(take, replaced_count(written, value), 0.0))
+        if eqx.is_inexact_array(value):
+            indicators.append(replaced(written, value))
         return written
 
-    kept = jax.tree.map(select, new, old)
-    return kept, sum(counts) if counts else jnp.zeros([], jnp.float32)
+    return jax.tree.map(select, new, old), indicators
 
 
-def _updates_kept_finite(updates: Any, params: Any, take: jax.Array) -> tuple[Any, jax.Array]:
-    """Updates where ``take`` and finite, else zero; and how many parameters the kept updates take past float
-    range, counted from ``params + update``, the very sum the trainer writes (so the reduction rides on that write;
-    a count of the updates themselves would not, on XLA:TPU: docs/benchmarks.md)."""
-    kept = jax.tree.map(lambda u: jnp.where(take & jnp.isfinite(u), u, jnp.zeros_like(u)), updates)
-    if params is None:
-        return kept, jnp.zeros([], jnp.float32)
-    overflow = [jnp.sum(jnp.where(jnp.isfinite(p + u), 0.0, 1.0))
-                for p, u in zip(jax.tree.leaves(params), jax.tree.leaves(kept)) if eqx.is_inexact_array(u)]  # fmt: skip
-    return kept, (jnp.where(take, sum(overflow), 0.0) if overflow else jnp.zeros([], jnp.float32))
+def _updates_kept_finite(updates: Any, params: Any, take: jax.Array) -> tuple[Any, list[jax.Array]]:
+    """Each update value where ``take`` and its parameter stays finite, else zero (the parameter keeps its value), and
+    1 where it was zeroed, else 0. The trainer adds the update outside the optimizer; the select tests that very sum
+    (false for a NaN/Inf update too: one value zeroed, marked once). The mark reads the sum the trainer writes plus
+    what was held back, ``(param + kept) + (update - kept)``: ``param + update`` again where zeroed (so not finite),
+    the written sum where not. Read from the written sum, the reduction stays in the pass that writes it on XLA:TPU;
+    one read from ``param + update`` alone, or comparing the two sums, moved MARS-AdamW's bf16 direction to memory
+    (+2.47 passes; docs/benchmarks.md). Without ``params`` the update itself is tested."""
+    leaves, treedef = jax.tree.flatten(updates)
+    bases = [None] * len(leaves) if params is None else jax.tree.leaves(params)
+    kept, indicators = [], []
+    for u, p in zip(leaves, bases):
+        if not eqx.is_inexact_array(u):
+            kept.append(u)
+            continue
+        applied = (lambda x: x) if p is None else (lambda x: (p + x).astype(p.dtype))  # noqa: E731
+        kept.append(jnp.where(take & jnp.isfinite(applied(u)), u, jnp.zeros_like(u)))
+        written = applied(kept[-1])
+        held_back = (written + (u - kept[-1])).astype(written.dtype)
+        indicators.append(jnp.where(jnp.isfinite(held_back), 0.0, 1.0))
+    return treedef.unflatten(kept), indicators
 
 
 def skip_nonfinite_updates(inner: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
@@ -127,14 +145,15 @@ def skip_nonfinite_updates(inner: optax.GradientTransformation) -> optax.Gradien
         write = Writes(verdicts)
         new_updates, new_inner = inner.update(updates, state.inner_state, params, write=write, **extra_args)
         take = write.take
-        new_inner, replaced_state = _kept_finite_tree(new_inner, state.inner_state, take, write.owned_ids)
-        new_updates, overflowing = _updates_kept_finite(new_updates, params, take)
+        new_inner, state_replaced = _kept_finite_tree(new_inner, state.inner_state, take, write.owned_ids)
+        new_updates, updates_zeroed = _updates_kept_finite(new_updates, params, take)
+        replaced_values = jnp.where(take, replaced_count(state_replaced + updates_zeroed), 0.0)
         skipped = jnp.where(take, 0, 1).astype(jnp.int32)
         return new_updates, NonFiniteGuardState(
             new_inner,
             state.skipped_steps + skipped,
             jnp.where(take, 0, state.consecutive_skips + 1).astype(jnp.int32),
-            state.nonfinite_outputs + replaced_state + overflowing,
+            state.nonfinite_outputs + replaced_values,
         )
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -27,12 +27,21 @@ def kept_finite(new: jax.Array, old: jax.Array, take: jax.Array) -> jax.Array:
     return jnp.where(take & jnp.isfinite(new), new, safe_old)
 
 
-def replaced_count(written: jax.Array, new: jax.Array) -> jax.Array:
-    """How many values of ``new`` were not written, as float32 (read from the value written, which keeps the reduction
-    in the pass that writes it on XLA:TPU, where an integer count, or one of the new values, does not fuse)."""
-    if not eqx.is_inexact_array(new):
-        return jnp.zeros([], jnp.float32)
-    return jnp.sum(jnp.where(written != new, 1.0, 0.0))
+def replaced(written: jax.Array, new: jax.Array) -> jax.Array:
+    """1 where ``new`` was not written, else 0, as float32: read from the value written, where XLA:TPU keeps its
+    reduction in the pass that writes it (an integer count, or one read from the new values, does not fuse)."""
+    return jnp.where(written != new, 1.0, 0.0)
+
+
+def replaced_count(indicators: list[jax.Array]) -> jax.Array:
+    """How many values ``indicators`` (1 where a value was not written, else 0, as :func:`replaced`) mark, as float32.
+    Those of one shape are added before they are reduced: one reduction per shape, as XLA:TPU keeps only so many
+    reductions in the pass that writes the values (one per buffer beside AdamW's moments pushed them to memory:
+    docs/benchmarks.md)."""
+    by_shape: dict[tuple[int, ...], jax.Array] = {}
+    for x in indicators:
+        by_shape[x.shape] = by_shape[x.shape] + x if x.shape in by_shape else x
+    return sum((jnp.sum(x) for x in by_shape.values()), jnp.zeros([], jnp.float32))
 
 
 class Writes:

@@ -3,7 +3,7 @@
 Each error is raised on every process alike (process 0's decisions reach the others through
 :func:`~levanter_mars.training.distributed.leader_decides`), and the entry point maps it to an exit code. Every
 launcher judges its hosts' codes by one policy (``training/outcome.py``): it retries a crash (1, or a process killed by
-a signal), a lost host and a preemption, unusable storage a bounded number of times, and ends the launch with the code
+a signal), a lost host and a preemption (exit 9, or a host lost), unusable storage a bounded number of times, and ends the launch with the code
 the run decided otherwise, which it then exits with itself. A person's interrupt (130) is never retried.
 
 | code | meaning | retried by a launcher |
@@ -17,6 +17,7 @@ the run decided otherwise, which it then exits with itself. A person's interrupt
 | 6 | eval failed, with `eval_harness_failure: stop` (the default, `continue`, logs it and trains on) | no |
 | 7 | resize: the launcher asked the run to stop at its next checkpoint (slices came back, `training/run/resize.py`), and it did | at once, on the new slice count |
 | 8 | the run is live elsewhere: another launch holds its lease (refused before anything is written), or took it over (this launch stopped at its next step) (`training/run/lease.py`) | no |
+| 9 | preempted, saved at step N: a preemption notice (SIGTERM to any host) made every host save the same step and stop (`training/preemption.py`); a save that could not finish within `trainer.preemption_grace_s` leaves the previous checkpoint the resume point | at once, as a preemption |
 | 130 | interrupted by a person (Ctrl-C: SIGINT), no traceback; the lease is released | no |
 
 Light on purpose: the Ray host task imports this module, and must not import JAX.
@@ -37,11 +38,13 @@ class ExitCode(enum.IntEnum):
     EVAL_FAILED = 6
     RESIZE = 7
     LIVE_ELSEWHERE = 8
+    PREEMPTED = 9
     INTERRUPTED = 130
 
 
-#: Codes of runs that stopped because the launcher asked them to (not the run's decision, not a failure).
-ASKED_STOPS = frozenset({ExitCode.RESIZE})
+#: Codes of runs that stopped because the launcher or the cluster asked them to (not the run's decision, not a
+#: failure).
+ASKED_STOPS = frozenset({ExitCode.RESIZE, ExitCode.PREEMPTED})
 
 
 #: Codes of runs that ended for a reason they report (``training/outcome.py`` says which a launcher retries).
@@ -131,6 +134,14 @@ class ResizeRequested(RuntimeError):
     checkpoint is written."""
 
 
+@shared_error
+class Preempted(RuntimeError):
+    """A preemption notice reached a host (SIGTERM): every host saved the same step, or, past the grace, left the
+    previous checkpoint the resume point. ``saved_step`` is the step saved (None: none was)."""
+
+    saved_step = None
+
+
 #: ``eval_harness_failure``: what a failed in-training evaluation does (logged and counted either way).
 EVAL_FAILURE_POLICIES = ("continue", "stop")
 
@@ -147,4 +158,5 @@ ERROR_EXIT_CODES: tuple[tuple[type[Exception], ExitCode], ...] = (
     (StorageError, ExitCode.CHECKPOINT_STORAGE),
     (EvalFailedError, ExitCode.EVAL_FAILED),
     (ResizeRequested, ExitCode.RESIZE),
+    (Preempted, ExitCode.PREEMPTED),
 )

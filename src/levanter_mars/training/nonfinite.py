@@ -15,8 +15,8 @@ NONFINITE_POLICIES = ("skip", "stop")
 
 
 class NonFiniteMonitor(Callback):
-    """Runs before the checkpointer: reports skipped steps (and values the optimizer computed non-finite from finite
-    inputs, which the guard kept out) and stops the run when the policy says so."""
+    """Runs before the checkpointer: reports skipped steps (and values that would have been written NaN/Inf from
+    finite inputs, which the guard kept at their previous value) and stops the run when the policy says so."""
 
     def __init__(self, policy: str, max_consecutive: int):
         self.policy = policy
@@ -54,7 +54,8 @@ class NonFiniteMonitor(Callback):
         previous, self._outputs_seen = self._outputs_seen, total
         if previous is not None and total > previous:
             logger.warning(
-                "step %d: the optimizer computed %d value(s) as NaN/Inf from finite inputs; each was kept out (the "
-                "previous value written instead) and counted in optim/nonfinite_outputs (%d so far)",
+                "step %d: %d value(s) that would have been NaN/Inf (optimizer state, or a parameter after its "
+                "update) were kept at their previous value, from finite gradients; counted in optim/nonfinite_outputs "
+                "(%d so far)",
                 step, int(total - previous), int(total),
             )  # fmt: skip

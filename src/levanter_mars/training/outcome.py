@@ -16,6 +16,9 @@ check pass the exits of an attempt's hosts here, in process order, and act on th
   errors other than a preemption, on the failure budget); and, a bounded number of times, unusable storage (exit 5),
   which a hiccup of the storage service at an attempt's start makes as surely as a full disk does. Each kind has its
   budget (:class:`RetryBudget`); past it, the launch gives up.
+* **retry at once, as a preemption**: a preemption notice (SIGTERM) reached a host and every host saved the same
+  step and stopped (exit 9, ``training/preemption.py``; a peer torn down after it reads the same). Budgeted as a
+  preemption, not a failure.
 * **retry at once on another slice count** (``resize``): the launcher asked the run to stop at its next checkpoint
   because slices came back (``training/run/resize.py``), and it did (exit 7 on every host, or on process 0 with its
   peers torn down after it). Budgeted like preemptions: each is a slice count's change.
@@ -109,6 +112,8 @@ def judge(exits: Sequence[Optional[int]], budget: RetryBudget = RetryBudget(),
                        f"program (a broken image or command?) ({said}); not retried", exits=exits)  # fmt: skip
     if decided:  # unusable storage: often a passing failure of the storage service
         kind, what = STORAGE, "storage unusable"
+    elif any(c == ExitCode.PREEMPTED for c in exits):
+        kind, what = PREEMPTION, "the run was preempted (it saved what it could, exit 9)"
     elif any(c in ASKED_STOPS for c in exits):
         kind, what = RESIZE, "the run stopped at a checkpoint to change its slice count, as asked"
     elif any(c is LOST for c in exits):

@@ -8,9 +8,12 @@
   checkpoint, or all move on to the previous one together. A checkpoint in an earlier main's optimizer-state layout is
   migrated as it loads (:mod:`~levanter_mars.training.checkpointing.migrations`).
 * A step whose gradients are not finite is skipped (counted as ``optim/skipped_steps``) or stops the run, per
-  ``trainer.nonfinite``; values the optimizer computes as NaN/Inf from finite inputs are kept out where they are
-  written and counted (``optim/nonfinite_outputs``); a non-finite state is never written to a checkpoint.
+  ``trainer.nonfinite``; a value that would be written NaN/Inf from finite inputs (optimizer state, or a parameter
+  after its update) keeps its previous value and is counted (``optim/nonfinite_outputs``); a non-finite state is
+  never written to a checkpoint.
 * The final checkpoint is written, and a run whose data runs out early says so.
+* A preemption notice (SIGTERM to any host) saves the step every host is at, and the run stops with exit 9
+  (:mod:`..preemption`); a resize request stops it after its next checkpoint (:mod:`..resize_stop` holds both).
 * Where the time goes: training, checkpointing and (the evaluation hooks mark their own) evaluation count to their
   phases of the process's goodput clock; process 0 keeps the run's goodput record (:mod:`..run.goodput`).
 """
@@ -40,8 +43,9 @@ from levanter_mars.training import distributed
 from levanter_mars.training.checkpointing.writer import VerifiedCheckpointer, VerifiedCheckpointerConfig
 from levanter_mars.training.checkpointing.storage import check_writable
 from levanter_mars.training.run.lease import RunLease
-from levanter_mars.training.errors import CheckpointError, DataExhaustedError
-from levanter_mars.training.resize_stop import ResizeAtCheckpoint
+from levanter_mars.training.errors import CheckpointError, DataExhaustedError, Preempted
+from levanter_mars.training.preemption import DEFAULT_GRACE_S, PreemptionNotice
+from levanter_mars.training.resize_stop import StopAtCheckpoint
 from levanter_mars.training.run.goodput import clock as goodput_clock
 from levanter_mars.training.run.goodput import GoodputRecord
 from levanter_mars.training.run.metrics import METRICS_FILENAME, JsonlMetricsTracker
@@ -68,6 +72,9 @@ class MarsTrainerConfig(TrainerConfig):
     as optim/skipped_steps) or 'stop' the run. Either way it never reaches the parameters or a checkpoint."""
     max_consecutive_nonfinite: int = 20
     """With nonfinite=skip, stop anyway after this many skipped steps in a row."""
+    preemption_grace_s: float = DEFAULT_GRACE_S
+    """After a preemption notice (SIGTERM to any host), how long the save of the step every host stops at may take;
+    past it the run stops anyway (exit 9) and the previous checkpoint is the resume point (training/preemption.py)."""
 
     tracker: TrackerConfig | Tuple[TrackerConfig, ...] = field(default_factory=_default_tracker)
     checkpointer: VerifiedCheckpointerConfig = field(default_factory=VerifiedCheckpointerConfig)
@@ -143,7 +150,8 @@ class MarsTrainer(FixedTrainer):
         self.resume_plan = resume
         self.goodput = goodput
         self.lease = lease
-        self.resize = ResizeAtCheckpoint(resize_request)
+        self.preemption = PreemptionNotice(config.preemption_grace_s)
+        self.stops = StopAtCheckpoint(resize_request, self.preemption)
         self._resume_from: Optional[str] = None
         super().__init__(config, skip_nonfinite_updates(optimizer), loss_fn)
         # One writer: on a pod only process 0 keeps metrics.jsonl (hosts may share the log directory).
@@ -158,7 +166,7 @@ class MarsTrainer(FixedTrainer):
     def before_checkpoint(self, step: int) -> None:
         # Every host saves: all stop together if another launch took the run over.
         distributed.leader_decides(lambda: self.lease.verify() if self.lease is not None else None)
-        self.resize.look(self.config.num_slices)
+        self.stops.look(self.config.num_slices)
         self.flush_metrics()
         if self.goodput is not None:
             self.goodput.checkpoint_saving(step)
@@ -239,14 +247,19 @@ class MarsTrainer(FixedTrainer):
         # and flushed, before its checkpoint is written.
         checkpointer_step = getattr(self.checkpointer, "on_step", None)
         self.order_hooks(lambda fn: checkpointer_step is not None and getattr(fn, "fn", None) == checkpointer_step)
+        left_now = False
         try:
-            with goodput_clock.phase("train"):
+            with goodput_clock.phase("train"), self.preemption.listening():
                 info = super().train(state, train_loader)
                 if isinstance(self.checkpointer, VerifiedCheckpointer):
                     self.checkpointer.save_deferred()
+        except Preempted as e:
+            left_now = getattr(e, "leave_now", False)
+            raise
         finally:
-            # Never leave a checkpoint half-written behind an exception, keep what was logged, and stop prefetching.
-            if self.checkpointer is not None:
+            # Never leave a checkpoint half-written behind an exception (but a preemption's grace is over: its write
+            # is left torn), keep what was logged, and stop prefetching.
+            if self.checkpointer is not None and not left_now:
                 with goodput_clock.phase("checkpoint"):
                     self.checkpointer.wait_until_finished()
             self.flush_metrics()
@@ -267,7 +280,7 @@ class MarsTrainer(FixedTrainer):
         # A step's checkpoint is written at the start of the next step, once all of its metrics are logged
         # (see VerifiedCheckpointer.deferring); the last step's, by the final forced hooks or at the end of train.
         self.checkpointer.save_deferred()
-        self.resize.stop_if_asked(self.checkpointer, int(state.step) - 1)  # Levanter names it by its last step
+        self.stops.stop_if_asked(self.checkpointer, state)
         with self.checkpointer.deferring():
             return super().train_step(state, *batch, **batch_kwargs)
 

@@ -26,6 +26,9 @@ def check_trainer(trainer) -> None:
         raise ConfigError(f"trainer.nonfinite must be one of {NONFINITE_POLICIES}, got {trainer.nonfinite!r}")
     if trainer.max_consecutive_nonfinite < 1:
         raise ConfigError(f"trainer.max_consecutive_nonfinite must be >= 1, got {trainer.max_consecutive_nonfinite}")
+    grace = trainer.preemption_grace_s
+    if not is_number(grace) or not 0 < grace < float("inf"):
+        raise ConfigError(f"trainer.preemption_grace_s must be a number of seconds > 0, got {grace!r}")
     if trainer.num_train_steps < 1:
         raise ConfigError(f"trainer.num_train_steps must be >= 1, got {trainer.num_train_steps}")
     if trainer.steps_per_eval < 1:

@@ -15,6 +15,7 @@ from levanter_mars.compat.levanter_training import (
     last_saved_step,
     raise_pending_write_error,
 )
+from levanter_mars.compat.tensorstore_writes import writes_keep_no_chunk_cache
 from levanter_mars.optim.guard import all_finite
 from levanter_mars.training.checkpointing import manifest
 from levanter_mars.training.checkpointing.quarantine import clear_quarantine_marker
@@ -122,7 +123,8 @@ class VerifiedCheckpointer(RemovesItsMarkersFirst, Checkpointer):
                 commit_callback()  # deletes the previous temporary checkpoint: only after this one is complete
 
         try:
-            super().save_checkpoint(info, destination, commit_callback=commit, is_temporary=is_temporary)
+            with writes_keep_no_chunk_cache():  # else each save's chunks stay in host memory (defect 50)
+                super().save_checkpoint(info, destination, commit_callback=commit, is_temporary=is_temporary)
         except OSError as e:
             raise CheckpointError(
                 f"cannot write checkpoint {path} ({type(e).__name__}: {e}). The previous checkpoint is intact; free "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 from typing import Any, Optional
 
+from levanter_mars.training.errors import describe_exit
 from levanter_mars.training.run.goodput.clock import CATEGORIES
 
 
@@ -50,8 +51,28 @@ def complete_dead_attempt(entry: dict, logged: Optional[tuple[float, int]], comp
     entry["ended"] = iso(last_seen)
     entry["last_step"] = last_step
     entry["unrecorded"] = round(last_seen - updated, 3)
+    entry["ended_as"] = "lost"
     entry["reason"] = (f"ended without recording it (killed, preempted, or a host was lost); completed by attempt "
                        f"{completed_by} from what it left")  # fmt: skip
+
+
+def ended_as(entry: dict) -> str:
+    """How a recorded attempt ended, in a word or a few: ``done``, ``preempted, saved at step N``, ``preempted, not
+    saved`` (its save outlasted the grace), or its exit (``lost`` is a dead attempt's)."""
+    preemption = entry.get("preemption")
+    if preemption is not None:
+        saved = preemption.get("saved_step")
+        return "preempted, not saved" if saved is None else f"preempted, saved at step {saved}"
+    return "done" if entry.get("exit_code") == 0 else describe_exit(int(entry["exit_code"]))
+
+
+def steps_redone(entry: dict, later: list[dict]) -> Optional[int]:
+    """How many of ``entry``'s steps the next attempt that trained redid (None: none has yet, or nothing to tell)."""
+    last = entry.get("last_step")
+    following = next((a["first_step"] for a in later if a.get("first_step") is not None), None)
+    if last is None or following is None or entry.get("first_step") is None:
+        return None
+    return max(0, last + 1 - following)
 
 
 def train_kept(entry: dict, resumed_at: Optional[int]) -> float:
@@ -79,6 +100,7 @@ def settle(attempts: list[dict]) -> None:
         later = [a["first_step"] for a in attempts[i + 1 :] if a.get("first_step") is not None]
         recorded = float(entry.setdefault("recorded_train", entry["seconds"].get("train", 0.0)))
         kept = train_kept(entry, min(later) if later else None)
+        entry["steps_redone_next"] = steps_redone(entry, attempts[i + 1 :])
         detail = {"redone": recorded - kept, "unrecorded": float(entry.get("unrecorded", 0.0)),
                   "between_attempts": between_attempts(attempts[:i], entry)}  # fmt: skip
         entry["seconds"]["train"] = round(kept, 3)

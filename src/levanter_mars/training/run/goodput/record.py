@@ -71,6 +71,12 @@ class GoodputRecord:
         self.entry["eval_failures"].append({"step": int(step), "task": task, "reason": reason[:500]})
         self.write()
 
+    def preempted(self, saved_step: Optional[int], save_s: Optional[float]) -> None:
+        """The attempt stops on a preemption notice, having saved ``saved_step`` (None: the save did not finish
+        within the grace) in ``save_s`` seconds."""
+        seconds = None if save_s is None else round(save_s, 3)
+        self.entry["preemption"] = {"saved_step": saved_step, "save_seconds": seconds}
+
     def close(self, exit_code: int, reason: str) -> None:
         """The attempt ended. One that trained nothing and ended done (a rerun of a complete run) is no attempt: it
         leaves the record as it found it, but for dead attempts it completed."""
@@ -79,6 +85,7 @@ class GoodputRecord:
             self._settle_and_write()
             return
         self.entry["exit_code"], self.entry["reason"] = int(exit_code), reason[:500]
+        self.entry["ended_as"] = arithmetic.ended_as(self.entry)
         self.entry["ended"] = arithmetic.iso(_now())
         self.write()
 

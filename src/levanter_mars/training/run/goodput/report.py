@@ -27,7 +27,8 @@ def describe(data: dict) -> list[str]:
         steps = f"steps {entry.get('first_step')}..{entry.get('last_step')}"
         on = f" on {entry['slices']} slice(s)" if multislice and "slices" in entry else ""
         lines.append(f"    {number}. {_origin(entry)}{on}: {steps}, "
-                     f"{'exit ' + str(code) if code is not None else 'no exit recorded'}; {split} s")  # fmt: skip
+                     f"{'exit ' + str(code) if code is not None else 'no exit recorded'}{_how_it_ended(entry)}; "
+                     f"{split} s")  # fmt: skip
         detail = {k: v for k, v in (entry.get("lost_detail") or {}).items() if v}
         if detail:
             lines.append("       lost: " + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in detail.items()))
@@ -38,6 +39,17 @@ def describe(data: dict) -> list[str]:
         lines.append(f"  eval failed at step {failure['step']} (attempt {number}): {failure['task']}: "
                      f"{failure['reason'][:200]}")  # fmt: skip
     return lines
+
+
+def _how_it_ended(entry: dict) -> str:
+    """`` (preempted, saved at step 17 in 0.4 s; the next attempt redid 0 steps)``, where the record says."""
+    said = []
+    preemption = entry.get("preemption")
+    if preemption is not None:
+        said.append(f"{entry.get('ended_as')} in {preemption.get('save_seconds')} s")
+    if entry.get("steps_redone_next") is not None:
+        said.append(f"the next attempt redid {entry['steps_redone_next']} step(s)")
+    return f" ({'; '.join(said)})" if said else ""
 
 
 def _origin(entry: dict) -> str:

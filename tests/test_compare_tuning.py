@@ -1,10 +1,10 @@
-"""Which runs a comparison asks for (``compare.plan``), from the spec and the outcomes so far: tuning first, the best
+"""Which runs a comparison asks for (``compare.tuning``), from the spec and the outcomes so far: tuning first, the best
 point (a diverged point loses) on the other seeds next, a point past a learning-rate edge when allowed, and the edge
 flag; planned again from the same outcomes, the same runs (a stopped comparison resumes exactly)."""
 
 from __future__ import annotations
 
-from levanter_mars.compare.plan import LEARNING_RATE, Outcome, RunKey, plan, point_label, run_id
+from levanter_mars.compare.tuning import LEARNING_RATE, EndedRun, RunKey, plan, point_label, run_id
 from levanter_mars.compare.spec import ArmConfig, CompareConfig, TuningConfig
 
 
@@ -23,7 +23,7 @@ def lr_point(lr, **other):
 
 
 def ok(loss):
-    return Outcome("ok", loss)
+    return EndedRun("ok", loss)
 
 
 def test_tuning_comes_first_on_the_tuning_seeds_and_names_its_runs():
@@ -52,8 +52,8 @@ def test_a_diverged_point_loses_and_a_failed_run_is_still_pending():
     s = spec()
     outcomes = {
         RunKey("adamw", lr_point(1e-3), 0): ok(5.0),
-        RunKey("adamw", lr_point(3e-3), 0): Outcome("diverged"),
-        RunKey("adamw", lr_point(9e-3), 0): Outcome("failed", 1.0),  # a crash: retried, not scored
+        RunKey("adamw", lr_point(3e-3), 0): EndedRun("diverged"),
+        RunKey("adamw", lr_point(9e-3), 0): EndedRun("failed", 1.0),  # a crash: retried, not scored
     }
     p = plan(s, outcomes)
     assert RunKey("adamw", lr_point(9e-3), 0) in p.pending and p.arms["adamw"].best is None
@@ -66,7 +66,7 @@ def test_a_diverged_point_loses_and_a_failed_run_is_still_pending():
 
 def test_every_point_diverged_ends_the_arm_without_a_best():
     s = spec()
-    outcomes = {RunKey("adamw", lr_point(lr), 0): Outcome("diverged") for lr in (1e-3, 3e-3, 9e-3)}
+    outcomes = {RunKey("adamw", lr_point(lr), 0): EndedRun("diverged") for lr in (1e-3, 3e-3, 9e-3)}
     p = plan(s, outcomes)
     assert p.arms["adamw"].tuned and p.arms["adamw"].best is None
     assert not [k for k in p.pending if k.arm == "adamw"]

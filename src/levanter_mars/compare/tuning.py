@@ -44,7 +44,7 @@ def run_id(spec: CompareConfig, key: RunKey) -> str:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class EndedRun:
     """How a run ended, as far as planning cares: ``ok`` with its final val loss, ``diverged``, or ``failed``."""
 
     status: str
@@ -107,7 +107,7 @@ def grid_points(arm: ArmConfig) -> list[Point]:
     return [tuple(zip(keys, values)) for values in itertools.product(*(arm.grid[k] for k in keys))]
 
 
-def plan(spec: CompareConfig, outcomes: Mapping[RunKey, Outcome]) -> Plan:
+def plan(spec: CompareConfig, outcomes: Mapping[RunKey, EndedRun]) -> Plan:
     arms: dict[str, ArmPlan] = {}
     tuning_runs: list[RunKey] = []
     final_runs: list[RunKey] = []
@@ -125,7 +125,7 @@ def plan(spec: CompareConfig, outcomes: Mapping[RunKey, Outcome]) -> Plan:
     return Plan(arms, runs, pending)
 
 
-def _tune(arm: ArmConfig, seeds: list[int], extend_at_edge: int, outcomes: Mapping[RunKey, Outcome]) -> ArmPlan:
+def _tune(arm: ArmConfig, seeds: list[int], extend_at_edge: int, outcomes: Mapping[RunKey, EndedRun]) -> ArmPlan:
     arm_plan = ArmPlan(arm.name, grid_points(arm))
     while True:
         ended = all(
@@ -146,7 +146,7 @@ def _tune(arm: ArmConfig, seeds: list[int], extend_at_edge: int, outcomes: Mappi
         arm_plan.best = None
 
 
-def _score(outcomes: list[Optional[Outcome]]) -> Optional[float]:
+def _score(outcomes: list[Optional[EndedRun]]) -> Optional[float]:
     if any(o is None or o.status != "ok" or o.final_loss is None or not math.isfinite(o.final_loss) for o in outcomes):
         return None
     return statistics.fmean(o.final_loss for o in outcomes)

@@ -34,5 +34,5 @@ with notice.listening():
             reached = step
             break
         multihost_utils.sync_global_devices(f"step {step}")
-        time.sleep(0.1)  # a step takes time: the notice travels through the coordination service meanwhile
+        time.sleep(0.5)  # a step takes time: the notice travels through the coordination service meanwhile
 print(json.dumps({"reached": reached, "notice_at": NOTICE_AT}))

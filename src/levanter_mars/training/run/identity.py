@@ -19,6 +19,7 @@ _ID_EXCLUDED = ("fresh", "take_over", "plot", "eval_harness_failure")
 _FIELDS_ADDED = {"embedded_corpus_sources": "stdlib"}
 _TRAINER_ID_EXCLUDED = (
     "id", "tracker", "log_dir", "checkpointer", "load_checkpoint", "load_checkpoint_path", "ray", "compilation_cache",
+    "preemption_grace_s",  # how long a notice's save may take: not what is trained
 )  # fmt: skip
 _DATA_ID_EXCLUDED = ("rebuild_cache",)  # the same data either way: rebuilding a cache must not start a new run
 
